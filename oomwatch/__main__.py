@@ -1,0 +1,3 @@
+from oomwatch.cli import main
+
+main()

@@ -1,0 +1,282 @@
+"""The typed values that flow through oomwatch: kernel records in, incidents out.
+
+Everything here is a frozen dataclass so sources, the correlator and sinks can share values across
+threads without copying. Field names follow ../shared/CONTRACT.md where they surface in JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Union
+
+KIB = 1024
+
+
+# --- kernel log -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KmsgRecord:
+    """One kernel log record, from /dev/kmsg or from saved text.
+
+    `seq` and `usec` are None when the source does not carry them (plain `dmesg` text has a timestamp but
+    no sequence number; `journalctl -k` may have neither). `fields` holds /dev/kmsg dictionary
+    continuation lines (`SUBSYSTEM=…`)."""
+
+    priority: int
+    seq: Optional[int]
+    usec: Optional[int]
+    text: str
+    fields: tuple[tuple[str, str], ...] = ()
+    wall_time: Optional[float] = None  # absolute epoch seconds when the source gives them (journalctl)
+
+    @property
+    def level(self) -> int:
+        return self.priority & 7
+
+
+# Kernel OOM log lines, one class per kind of line (parse/oom.py turns a KmsgRecord into one of these).
+
+
+@dataclass(frozen=True)
+class OomInvoked:
+    """`<comm> invoked oom-killer: gfp_mask=…, order=N, oom_score_adj=N`: start of a (non-ratelimited) OOM."""
+
+    comm: str
+    gfp_mask: str
+    order: int
+    oom_score_adj: int
+
+
+@dataclass(frozen=True)
+class OomMemcgUsage:
+    """`memory: usage NkB, limit NkB, failcnt N` (cgroup v2 memcg OOM, 5.3+)."""
+
+    usage_bytes: int
+    limit_bytes: Optional[int]  # None when the kernel printed the "unlimited" sentinel
+
+
+@dataclass(frozen=True)
+class OomSummary:
+    """`oom-kill:constraint=…,oom_memcg=…|global_oom,task_memcg=…,task=…,pid=…,uid=…` (5.0+), or the 4.14
+    `Task in <task_memcg> killed as a result of limit of <oom_memcg>` line (pid/comm unknown there)."""
+
+    constraint: str  # memcg | global | cpuset | mempolicy
+    oom_cgroup: str  # "/" for a global OOM
+    task_cgroup: Optional[str]
+    comm: Optional[str]
+    pid: Optional[int]
+    uid: Optional[int]
+
+
+@dataclass(frozen=True)
+class OomKilled:
+    """`<prefix>: Killed process P (comm) total-vm:…` (and the 4.14 form without prefix)."""
+
+    pid: int
+    comm: str
+    oom_kind: str  # "memcg" | "global" | "unknown"
+    total_vm_bytes: Optional[int] = None
+    anon_rss_bytes: Optional[int] = None
+    file_rss_bytes: Optional[int] = None
+    shmem_rss_bytes: Optional[int] = None
+    uid: Optional[int] = None
+    pgtables_bytes: Optional[int] = None
+    oom_score_adj: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class OomSelected:
+    """4.14–5.0: `<prefix>: Kill process P (comm) score N or sacrifice child` (the choice, before the kill)."""
+
+    pid: int
+    comm: str
+    score: int
+    oom_kind: str
+
+
+@dataclass(frozen=True)
+class OomGroup:
+    """`Tasks in <cgroup> are going to be killed due to memory.oom.group set` (4.19+)."""
+
+    cgroup: str
+
+
+@dataclass(frozen=True)
+class OomAlreadyExiting:
+    """`<prefix>: OOM victim P (comm) is already exiting. Skip killing the task` (5.10+)."""
+
+    pid: int
+    comm: str
+    oom_kind: str
+
+
+@dataclass(frozen=True)
+class OomSuppressed:
+    """`oom_kill_process: N callbacks suppressed`: the ratelimit hid N headers/summaries."""
+
+    function: str
+    count: int
+
+
+OomLine = Union[OomInvoked, OomMemcgUsage, OomSummary, OomKilled, OomSelected, OomGroup, OomAlreadyExiting,
+                OomSuppressed]
+
+
+# --- cgroups ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CgroupStats:
+    """What one cgroup v2 directory says about memory, read at one moment. Paths are relative to the cgroup
+    root and start with "/" (as the kernel prints them). Missing files are None (older kernels, or the
+    memory controller not enabled there)."""
+
+    path: str
+    oom_group: Optional[int] = None
+    events: Optional[dict[str, int]] = None
+    events_local: Optional[dict[str, int]] = None
+    limit_bytes: Optional[float] = None  # float("inf") for "max"
+    usage_bytes: Optional[int] = None
+    peak_bytes: Optional[int] = None
+    pids: tuple[int, ...] = ()
+
+
+# --- workloads --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a cgroup belongs to (CONTRACT `workload`). `cgroup` is the workload cgroup: the container's
+    cgroup, the Slurm step's, the systemd unit's, else the process's own. None = unknown."""
+
+    type: str  # k8s-container | k8s-pod | slurm | systemd | other
+    cgroup: str
+    namespace: Optional[str] = None
+    pod: Optional[str] = None
+    container: Optional[str] = None
+    pod_uid: Optional[str] = None
+    container_id: Optional[str] = None
+    runtime: Optional[str] = None  # containerd | cri-o | docker
+    sandbox: bool = False  # the pod's pause container
+    slurm_job: Optional[str] = None
+    slurm_step: Optional[str] = None
+    slurm_task: Optional[str] = None
+    unit: Optional[str] = None
+    pod_cgroup: Optional[str] = None  # for Kubernetes containers: the pod's cgroup
+    owner: Optional[dict[str, str]] = None
+    job: Optional[dict[str, str]] = None
+
+    def to_json(self) -> dict[str, Any]:
+        """CONTRACT `workload`: absent keys mean unknown."""
+        out: dict[str, Any] = {"type": self.type}
+        for key in ("namespace", "pod", "container", "pod_uid", "container_id", "slurm_job", "slurm_step",
+                    "unit", "owner", "job"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+    @property
+    def is_kubernetes(self) -> bool:
+        return self.type in ("k8s-container", "k8s-pod")
+
+    def metric_labels(self) -> tuple[str, str, str, str]:
+        """(namespace, pod, container, cgroup) identity labels per CONTRACT: Kubernetes series carry names,
+        not cgroups, so a restarted container continues the same series."""
+        if self.is_kubernetes and self.pod:
+            return (self.namespace or "", self.pod, self.container or "", "")
+        return ("", "", "", self.cgroup)
+
+    def display_name(self) -> str:
+        if self.is_kubernetes and self.pod:
+            base = f"{self.namespace}/{self.pod}" if self.namespace else self.pod
+            return f"{base} {self.container}" if self.container else base
+        if self.type == "slurm" and self.slurm_job:
+            step = f" step {self.slurm_step}" if self.slurm_step else ""
+            return f"Slurm job {self.slurm_job}{step}"
+        if self.type == "systemd" and self.unit:
+            return self.unit
+        return self.cgroup
+
+
+# --- incidents --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KilledProcess:
+    """A process the kernel killed, as its `Killed process` line describes it, plus the cgroup it was in."""
+
+    pid: int
+    comm: str
+    cgroup: Optional[str]
+    uid: Optional[int] = None
+    total_vm_bytes: Optional[int] = None
+    anon_rss_bytes: Optional[int] = None
+    file_rss_bytes: Optional[int] = None
+    shmem_rss_bytes: Optional[int] = None
+    oom_score_adj: Optional[int] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One invocation of the OOM killer that killed at least one process (CONTRACT "Incident JSON")."""
+
+    time: float  # epoch seconds of the kill
+    boot_id: str
+    kernel_seq: Optional[int]
+    kind: str  # single | group
+    constraint: str
+    scope: str  # container | pod | node | cgroup
+    oom_cgroup: Optional[str]
+    group_cgroup: Optional[str]
+    trigger: Optional[dict[str, Any]]
+    memory: Optional[dict[str, int]]
+    victim: KilledProcess
+    killed: tuple[KilledProcess, ...]
+    workload: Workload
+    explanation: str
+    detected_at: float
+    exiting: tuple[dict[str, Any], ...] = ()  # `OOM victim … already exiting`: died with it, not killed by it
+    workloads: tuple[Workload, ...] = field(default=())  # every workload that lost a process, victim's first
+
+    @property
+    def collateral(self) -> tuple[KilledProcess, ...]:
+        return self.killed[1:]
+
+    @property
+    def latency_seconds(self) -> float:
+        return max(0.0, self.detected_at - self.time)
+
+    @property
+    def key(self) -> tuple[str, Optional[int], int]:
+        """Identity across restarts: the boot, the record's sequence number and the victim."""
+        return (self.boot_id, self.kernel_seq, self.victim.pid)
+
+    def to_json(self) -> dict[str, Any]:
+        from oomwatch.timefmt import iso8601
+
+        out: dict[str, Any] = {
+            "time": iso8601(self.time),
+            "boot_id": self.boot_id,
+            "kernel_seq": self.kernel_seq,
+            "kind": self.kind,
+            "constraint": self.constraint,
+            "scope": self.scope,
+            "oom_cgroup": self.oom_cgroup,
+            "group_cgroup": self.group_cgroup,
+            "trigger": self.trigger,
+            "memory": self.memory,
+            "victim": self.victim.to_json(),
+            "killed": [p.to_json() for p in self.killed],
+            "workload": self.workload.to_json(),
+            "explanation": self.explanation,
+            "detected_at": iso8601(self.detected_at),
+            "latency_seconds": round(self.latency_seconds, 6),
+        }
+        if self.exiting:
+            out["exiting"] = list(self.exiting)
+        return out
