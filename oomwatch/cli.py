@@ -1,5 +1,174 @@
-"""Placeholder until the CLI lands."""
+"""The `oomwatch` command: parses options into a Config and calls the agent or the report. Nothing else."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Optional
+
+import click
+
+from oomwatch import __version__
+from oomwatch.config import DEFAULT_LISTEN, Config
 
 
+def _common(fn):
+    """Options shared by `agent` and `inspect`; each also reads OOMWATCH_<NAME>."""
+    options = [
+        click.option("--kmsg", envvar="OOMWATCH_KMSG", default="/dev/kmsg", show_default=True,
+                     help="Kernel log: the live /dev/kmsg, a saved raw kmsg dump, or `dmesg` / `journalctl -k` "
+                          "text; - reads standard input."),
+        click.option("--cgroup-root", envvar="OOMWATCH_CGROUP_ROOT", default="/sys/fs/cgroup", show_default=True,
+                     help="Where the cgroup v2 hierarchy is mounted."),
+        click.option("--proc", "proc_root", envvar="OOMWATCH_PROC", default="/proc", show_default=True,
+                     help="The host's /proc (mounted elsewhere inside a container)."),
+        click.option("--kubelet-config", envvar="OOMWATCH_KUBELET_CONFIG", default="/var/lib/kubelet/config.yaml",
+                     show_default=True, help="KubeletConfiguration file, for singleProcessOOMKill."),
+        click.option("--run-root", envvar="OOMWATCH_RUN_ROOT", default="/run", show_default=True,
+                     help="Where containerd and CRI-O keep their bundles (container names come from there)."),
+        click.option("--pod-log-dir", envvar="OOMWATCH_POD_LOG_DIR", default="/var/log/pods", show_default=True,
+                     help="The kubelet's pod log directory (pod names by UID)."),
+        click.option("--boot-time", envvar="OOMWATCH_BOOT_TIME", default=None,
+                     help="For a saved log without wall-clock times from another boot: when that boot began "
+                          "(ISO time). Default: this host's boot."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _boot_time(value: Optional[str]) -> Optional[float]:
+    if value is None:
+        return None
+    from oomwatch.inspect import parse_since
+
+    try:
+        return parse_since(value, time.time())
+    except ValueError as exc:
+        raise click.BadParameter(str(exc).replace("--since", "--boot-time"), param_hint="--boot-time")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="oomwatch")
 def main() -> None:
-    raise SystemExit("oomwatch: CLI not built yet")
+    """oomwatch: why did it get OOMKilled? Tells group kills (memory.oom.group=1) from single ones, names the
+    workload, and exports Prometheus metrics.
+
+    \b
+    Examples:
+      oomwatch inspect                          # this node: posture, workloads, recent kills
+      journalctl -k -b -1 | oomwatch inspect --kmsg -   # the kills of the previous boot
+      oomwatch agent --listen :9717 --state-dir /var/lib/oomwatch
+    """
+
+
+@main.command()
+@_common
+@click.option("--listen", envvar="OOMWATCH_LISTEN", default=DEFAULT_LISTEN, show_default=True,
+              help="HOST:PORT for /metrics, /healthz and /incidents.")
+@click.option("--events-file", envvar="OOMWATCH_EVENTS_FILE", default=None,
+              help="Append one JSON incident per line to this file; - writes to standard output.")
+@click.option("--state-dir", envvar="OOMWATCH_STATE_DIR", default=None,
+              help="Keep the kernel-log cursor and the counters here, so a restart neither repeats nor loses "
+                   "incidents.")
+@click.option("--node-name", envvar="OOMWATCH_NODE_NAME", default=None,
+              help="This node's Kubernetes name (the DaemonSet sets it from spec.nodeName).")
+@click.option("--kube-api", envvar="OOMWATCH_KUBE_API", type=click.Choice(["auto", "off"]), default="auto",
+              show_default=True, help="auto: with in-cluster credentials, watch this node's pods (owners, "
+                                      "training jobs) and post pod Events; off: never talk to the API server.")
+@click.option("--pod-events/--no-pod-events", envvar="OOMWATCH_POD_EVENTS", default=True, show_default=True,
+              help="Record a Kubernetes Event on the pod for each incident (needs --kube-api auto).")
+@click.option("--grace-period", envvar="OOMWATCH_GRACE_PERIOD", type=click.FloatRange(min=0), default=600.0,
+              show_default=True, help="Seconds a gone workload's series stay before they are dropped.")
+@click.option("--log-level", envvar="OOMWATCH_LOG_LEVEL", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, listen, events_file,
+          state_dir, node_name, kube_api, pod_events, grace_period, log_level) -> None:
+    """Run the node agent: follow the kernel log and the cgroup tree, publish every OOM kill as an incident,
+    serve Prometheus metrics. Stops cleanly on SIGTERM (state flushed, exit 0).
+
+    \b
+    Example:
+      oomwatch agent --listen 0.0.0.0:9717 --state-dir /var/lib/oomwatch --events-file -
+    """
+    from oomwatch.agent import Agent
+    from oomwatch.sinks.http import parse_listen
+
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        parse_listen(listen)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--listen")
+    config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, listen=listen, events_file=events_file,
+                    state_dir=state_dir, kubelet_config=kubelet_config, run_root=run_root, pod_log_dir=pod_log_dir,
+                    node_name=node_name, kube_api=kube_api, pod_events=pod_events, grace_period=grace_period,
+                    boot_time=_boot_time(boot_time))
+    try:
+        code = Agent(config).run_until_signalled()
+    except OSError as exc:
+        raise click.ClickException(f"cannot start: {exc}")
+    sys.exit(code)
+
+
+@main.command()
+@_common
+@click.argument("target", required=False, metavar="[CGROUP-OR-POD]")
+@click.option("--container", default=None, help="Only this container (by name).")
+@click.option("--since", default=None, help="Only incidents since then: a duration (30m, 2h, 1d) or an ISO time.")
+@click.option("--json", "as_json", is_flag=True, help="The same report as JSON.")
+@click.option("--color/--no-color", default=None, help="Colour (default: only on a terminal).")
+@click.pass_context
+def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, target, container,
+            since, as_json, color) -> None:
+    """Explain this node's OOM posture and recent OOM kills in plain words (read-only, one shot).
+
+    CGROUP-OR-POD narrows the report to a pod (`namespace/pod`, or just the pod name) or a cgroup path
+    (`/kubepods/burstable/pod…`).
+
+    \b
+    Examples:
+      oomwatch inspect
+      oomwatch inspect ml/train-0 --container trainer --since 2h
+      journalctl -k -b -1 | oomwatch inspect --kmsg -
+      oomwatch inspect --json --kmsg fixtures/kmsg/linux-6.1-runc-group-pidns.kmsg
+    """
+    from oomwatch.inspect import build_report, parse_since, render_text, terminal_width
+    from oomwatch.sources.kmsg import is_live_kmsg
+
+    since_ts = None
+    if since is not None:
+        try:
+            since_ts = parse_since(since, time.time())
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--since")
+    config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, kubelet_config=kubelet_config,
+                    run_root=run_root, pod_log_dir=pod_log_dir, boot_time=_boot_time(boot_time))
+    source = click.core.ParameterSource.DEFAULT
+    saved_log = ctx.get_parameter_source("kmsg") != source and not is_live_kmsg(kmsg)
+    # A saved log may come from another node: this host's cgroups would describe the wrong one.
+    node_view = not saved_log or ctx.get_parameter_source("cgroup_root") != source
+    report = build_report(config, target=target, container=container, since=since_ts, node_view=node_view)
+    if as_json:
+        click.echo(json.dumps(jsonable(report), indent=2))
+    else:
+        use_color = sys.stdout.isatty() if color is None else color
+        click.echo(render_text(report, color=use_color, width=terminal_width()), nl=False)
+    error = (report.get("kmsg") or {}).get("error")
+    if error and saved_log:
+        raise click.ClickException(f"cannot read the kernel log: {error}")
+    if error:
+        click.echo(f"oomwatch: cannot read the kernel log ({error}); shown: node posture and workloads", err=True)
+
+
+def jsonable(value):
+    """JSON has no infinity: an unlimited memory.max becomes null."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value

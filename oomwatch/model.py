@@ -49,6 +49,15 @@ class OomInvoked:
 
 
 @dataclass(frozen=True)
+class OomStackTask:
+    """`CPU: N PID: P Comm: comm …` from the stack dump that follows `invoked oom-killer`: the trigger's pid
+    (the `oom-kill:` summary names the victim, not the task that ran out)."""
+
+    pid: int
+    comm: str
+
+
+@dataclass(frozen=True)
 class OomMemcgUsage:
     """`memory: usage NkB, limit NkB, failcnt N` (cgroup v2 memcg OOM, 5.3+)."""
 
@@ -119,7 +128,7 @@ class OomSuppressed:
     count: int
 
 
-OomLine = Union[OomInvoked, OomMemcgUsage, OomSummary, OomKilled, OomSelected, OomGroup, OomAlreadyExiting,
+OomLine = Union[OomInvoked, OomStackTask, OomMemcgUsage, OomSummary, OomKilled, OomSelected, OomGroup, OomAlreadyExiting,
                 OomSuppressed]
 
 

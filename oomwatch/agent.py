@@ -1,0 +1,373 @@
+"""The long-running agent: sources → correlator → store → sinks, on three threads.
+
+- kmsg thread: reads /dev/kmsg (blocking in poll), feeds the correlator, publishes incidents;
+- cgroup thread: inotify on the cgroup tree, keeps the workload set and the pid → cgroup memory;
+- HTTP thread: serves /metrics (read from the store and cgroupfs at scrape time), /healthz, /incidents.
+The main thread waits for SIGTERM/SIGINT, then stops the sources and flushes the state.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from typing import Callable, Iterable, Optional
+
+from prometheus_client import CollectorRegistry
+
+from oomwatch.config import Config
+from oomwatch.correlator import Correlator, is_within
+from oomwatch.explain import explain
+from oomwatch.model import CgroupStats, Incident, KmsgRecord, Workload
+from oomwatch.sinks.collector import NodeInfo, OomwatchCollector
+from oomwatch.sinks.events import EventsFile
+from oomwatch.sinks.http import HttpSink
+from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc
+from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost
+from oomwatch.store import Labels, Store, load_state, save_state
+from oomwatch.workloads import WorkloadResolver, scope_of
+from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
+from oomwatch.workloads.runtime import RuntimeNames
+
+log = logging.getLogger("oomwatch.agent")
+
+# A cgroup's pid list is re-read at most this often while it sits at its limit.
+PID_SNAPSHOT_INTERVAL = 0.2
+# How long a cgroup's `oom` event is a hint for an incident whose summary the kernel ratelimited away.
+OOM_HINT_SECONDS = 10.0
+
+
+def cgroup_version_label(version: str) -> str:
+    return {"v2": "2", "v1": "1"}.get(version, version)
+
+
+def is_workload_cgroup(path: str, workload: Workload, stats: Optional[CgroupStats]) -> bool:
+    """Which cgroups get their own series: Kubernetes containers and pods, Slurm steps, systemd services
+    and scopes, and any other cgroup with memory.oom.group=1 or a memory limit (someone cared)."""
+    if workload.cgroup != path or workload.sandbox:
+        return False
+    if workload.type in ("k8s-container", "k8s-pod", "slurm"):
+        return True
+    if workload.type == "systemd":
+        return bool(workload.unit and workload.unit.endswith((".service", ".scope")))
+    if stats is None:
+        return False
+    return stats.oom_group == 1 or (stats.limit_bytes is not None and not math.isinf(stats.limit_bytes))
+
+
+class NodePosture:
+    """What the node's OOM policy is, re-read on demand (the kubelet config can change under us)."""
+
+    def __init__(self, config: Config, proc: Proc) -> None:
+        self.config = config
+        self.proc = proc
+        self.kernel = proc.kernel_release()
+        self.cgroup_version = proc.cgroup_version(config.cgroup_root)
+
+    def single_process_oom_kill(self) -> str:
+        policy = read_kubelet_config(self.config.kubelet_config)
+        return single_process_oom_kill(policy, self.cgroup_version)
+
+    def info(self) -> NodeInfo:
+        return NodeInfo(kernel=self.kernel, cgroup_version=cgroup_version_label(self.cgroup_version),
+                        single_process_oom_kill=self.single_process_oom_kill())
+
+
+def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolver,
+                    posture_single: Callable[[], str], cgroup_of_pid=lambda pid: None,
+                    oom_cgroup_hint=lambda cg: None, clock: Callable[[], float] = time.time) -> Correlator:
+    return Correlator(
+        boot_id=boot_id,
+        boot_time=boot_time,
+        resolve_workload=resolver.resolve,
+        scope_of=scope_of,
+        explain=lambda incident: explain(incident, posture_single()),
+        cgroup_of_pid=cgroup_of_pid,
+        oom_cgroup_hint=oom_cgroup_hint,
+        detected_clock=clock,
+    )
+
+
+def host_boot_time() -> float:
+    """Epoch seconds of kernel time 0: printk stamps count from boot like CLOCK_MONOTONIC."""
+    return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+class Agent:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.fs = CgroupFS(config.cgroup_root)
+        self.proc = Proc(config.proc)
+        self.posture = NodePosture(config, self.proc)
+        self.boot_id = self.proc.boot_id()
+        self.boot_time = config.boot_time if config.boot_time is not None else host_boot_time()
+        self.store = Store(grace_seconds=config.grace_period, clock=clock)
+        self.pod_index = None
+        if config.kube_api != "off":
+            from oomwatch.workloads.kubeapi import PodIndex
+
+            self.pod_index = PodIndex.from_environment(node_name=config.node_name)
+        self.resolver = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir),
+                                         self.pod_index)
+        self.pod_events = None
+        if self.pod_index is not None and config.pod_events:
+            from oomwatch.sinks.k8s_events import PodEventRecorder
+
+            self.pod_events = PodEventRecorder.from_environment(node_name=config.node_name)
+        self.events_file = EventsFile(config.events_file) if config.events_file else None
+        self._single = self.posture.single_process_oom_kill()
+        self.correlator = make_correlator(
+            boot_id=self.boot_id, boot_time=self.boot_time, resolver=self.resolver,
+            posture_single=lambda: self._single, cgroup_of_pid=self.cgroup_of_pid,
+            oom_cgroup_hint=self.oom_cgroup_hint, clock=clock)
+        self._pids: dict[int, str] = {}
+        self._pid_snapshot_at: dict[str, float] = {}
+        self._last_local: dict[str, dict[str, int]] = {}
+        self._oom_at: dict[str, float] = {}
+        self._workloads: dict[str, Labels] = {}  # live workload cgroup → identity labels
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()
+        self.kmsg_error: Optional[str] = None
+        self.kmsg_alive = False
+        self.watcher: Optional[CgroupWatcher] = None
+        self.http: Optional[HttpSink] = None
+        self.registry = CollectorRegistry()
+        self.registry.register(OomwatchCollector(self.store, self.live_workloads, self.posture.info))
+
+    # --- pid → cgroup memory ------------------------------------------------------------------------
+
+    def cgroup_of_pid(self, pid: int) -> Optional[str]:
+        """The process's cgroup: live from /proc while it still exists (it is being killed right now), else
+        what we last saw of it in a cgroup.procs."""
+        return self.proc.cgroup_of(pid) or self._pids.get(pid)
+
+    def _snapshot_pids(self, root: str) -> None:
+        with self._lock:
+            paths = [p for p in self._workloads_and_known() if is_within(p, root)]
+        for path in paths:
+            for pid in self.fs.read_pids(path):
+                self._pids[pid] = path
+
+    def _workloads_and_known(self) -> list[str]:
+        return self.watcher.known() if self.watcher is not None else [root for root in self._workloads]
+
+    def oom_cgroup_hint(self, victim_cgroup: Optional[str]) -> Optional[str]:
+        """For an incident without its `oom-kill:` summary: the deepest ancestor of the victim's cgroup whose
+        memory.events.local `oom` moved lately is the cgroup whose limit was hit."""
+        if victim_cgroup is None:
+            return None
+        now = self.clock()
+        candidates = [p for p, t in list(self._oom_at.items())
+                      if now - t <= OOM_HINT_SECONDS and is_within(victim_cgroup, p)]
+        return max(candidates, key=len) if candidates else None
+
+    # --- cgroup watcher callbacks ---------------------------------------------------------------------
+
+    def _cgroup_added(self, path: str) -> None:
+        self.resolver.container_appeared(path)
+        workload = self.resolver.resolve(path)
+        stats = self.fs.read_stats(path)
+        if stats is not None and stats.events_local is not None:
+            self._last_local[path] = stats.events_local
+        if is_workload_cgroup(path, workload, stats):
+            labels = workload.metric_labels()
+            with self._lock:
+                self._workloads[path] = labels
+            self.store.seen(labels)
+
+    def _cgroup_removed(self, path: str) -> None:
+        with self._lock:
+            labels = self._workloads.pop(path, None)
+            still_used = labels in self._workloads.values()
+        self._last_local.pop(path, None)
+        self._pid_snapshot_at.pop(path, None)
+        if labels is not None and not still_used:
+            self.store.gone(labels)
+        self.store.expire()
+
+    def _cgroup_events(self, path: str) -> None:
+        _, local = self.fs.read_events(path)
+        if local is None:
+            return
+        before = self._last_local.get(path, {})
+        self._last_local[path] = local
+        now = self.clock()
+        if local.get("oom", 0) > before.get("oom", 0):
+            self._oom_at[path] = now
+        pressing = any(local.get(k, 0) > before.get(k, 0) for k in ("max", "oom", "oom_kill"))
+        if pressing and now - self._pid_snapshot_at.get(path, 0.0) >= PID_SNAPSHOT_INTERVAL:
+            self._pid_snapshot_at[path] = now
+            self._snapshot_pids(path)
+        if path not in self._workloads:
+            # A plain cgroup that just got a limit or oom.group becomes a workload.
+            self._cgroup_added(path)
+
+    # --- scrape-time reads ---------------------------------------------------------------------------
+
+    def live_workloads(self) -> Iterable[tuple[Labels, CgroupStats]]:
+        self.store.expire()  # drop the series of workloads gone longer than the grace period
+        with self._lock:
+            items = list(self._workloads.items())
+        seen: set[Labels] = set()
+        for path, labels in items:
+            if labels in seen:
+                continue
+            stats = self.fs.read_stats(path)
+            if stats is not None:
+                seen.add(labels)
+                yield labels, stats
+
+    def health(self) -> tuple[bool, dict]:
+        kmsg_ok = self.kmsg_alive and self.kmsg_error is None
+        cg_ok = self.watcher is not None and self.watcher.alive and self.watcher.error is None
+        detail = {
+            "kmsg": "ok" if kmsg_ok else (self.kmsg_error or "not running"),
+            "cgroups": "ok" if cg_ok else ((self.watcher.error if self.watcher else None) or "not running"),
+        }
+        return kmsg_ok and cg_ok, detail
+
+    # --- publishing ----------------------------------------------------------------------------------
+
+    def publish(self, incidents: list[Incident], live: bool) -> None:
+        for incident in incidents:
+            if not self.store.publish(incident, observe_latency=live):
+                continue
+            data = incident.to_json()
+            log.info("OOM %s kill: %s", incident.kind, incident.explanation)
+            if self.events_file is not None:
+                self.events_file.write(data)
+            if self.pod_events is not None and incident.workload.pod:
+                self.pod_events.record(incident)
+        self._save_cursor()
+
+    def _save_cursor(self) -> None:
+        pending = self.correlator.pending_since_seq
+        cursor = pending - 1 if pending is not None else self.correlator.last_seq
+        if cursor is None and self.store.cursor_seq is not None:
+            cursor = self.store.cursor_seq
+        self.store.set_cursor(self.boot_id, cursor)
+        if self.config.state_dir:
+            try:
+                save_state(self.store, self.config.state_dir)
+            except OSError as exc:
+                log.error("cannot write state to %s: %s", self.config.state_dir, exc)
+
+    # --- kernel log thread ---------------------------------------------------------------------------
+
+    def _kmsg_loop(self) -> None:
+        reader = LiveKmsg(self.config.kmsg)
+        after = self.store.cursor_seq if self.store.boot_id == self.boot_id else None
+        try:
+            reader.open(after_seq=after)
+        except KmsgUnavailable as exc:
+            self.kmsg_error = str(exc)
+            log.error("kernel log unavailable: %s; serving cgroup metrics only", exc)
+            return
+        self.kmsg_alive = True
+        live = False
+        try:
+            while not self._stop.is_set():
+                batch_records = 0
+                published = False
+                for item in reader.read_available():
+                    if isinstance(item, KmsgRecord):
+                        batch_records += 1
+                        errors_before = self.correlator.stats.parse_errors
+                        out = self.correlator.feed(item)
+                        if self.correlator.stats.parse_errors != errors_before:
+                            self.store.count_kmsg(parse_errors=1)
+                        if out:
+                            self.publish(out, live)
+                            published = True
+                    elif isinstance(item, Lost):
+                        self.correlator.lost(item.count or 0)
+                        self.store.count_kmsg(lost=item.count or 0)
+                        log.warning("kernel log: %s records lost before they could be read", item.count)
+                    elif isinstance(item, Garbled):
+                        self.store.count_kmsg(parse_errors=1)
+                self.store.count_kmsg(records=batch_records)
+                if batch_records and not published:
+                    self._advance_cursor_only()
+                live = True
+                if self._stop.is_set():
+                    break
+                timeout = self.config.quiet_seconds if self.correlator.pending else None
+                if not reader.wait(timeout, self._wake_r) and not self._stop.is_set():
+                    self.publish(self.correlator.flush(), live)
+        except Exception as exc:
+            self.kmsg_error = f"kernel log reader stopped: {exc}"
+            log.exception("kernel log reader stopped")
+        finally:
+            self.kmsg_alive = False
+            reader.close()
+
+    def _advance_cursor_only(self) -> None:
+        pending = self.correlator.pending_since_seq
+        cursor = pending - 1 if pending is not None else self.correlator.last_seq
+        self.store.set_cursor(self.boot_id, cursor)
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.config.state_dir:
+            outcome = load_state(self.store, self.config.state_dir, self.boot_id)
+            if outcome.startswith("corrupt"):
+                log.error("state file in %s is corrupt: %s", self.config.state_dir, outcome)
+            else:
+                log.info("state in %s: %s", self.config.state_dir, outcome)
+        if self.events_file is not None:
+            self.events_file.open()
+        self.watcher = CgroupWatcher(self.fs, on_added=self._cgroup_added, on_removed=self._cgroup_removed,
+                                     on_events=self._cgroup_events)
+        for path in self.watcher.start_watching():
+            self._cgroup_added(path)
+        self._snapshot_pids("/")
+        self._watcher_thread = threading.Thread(target=self.watcher.run, name="cgroups", daemon=True)
+        self._watcher_thread.start()
+        self.http = HttpSink(self.config.listen, self.registry, self.store, self.health)
+        self.http.start()
+        if self.pod_index is not None:
+            self.pod_index.start()
+        if self.pod_events is not None:
+            self.pod_events.start()
+        self._kmsg_thread = threading.Thread(target=self._kmsg_loop, name="kmsg", daemon=True)
+        self._kmsg_thread.start()
+        log.info("oomwatch agent listening on %s:%d (cgroups %s, kernel log %s)", *self.http.address,
+                 self.config.cgroup_root, self.config.kmsg)
+
+    def stop(self) -> None:
+        self._stop.set()
+        os.write(self._wake_w, b"x")
+        if self.watcher is not None:
+            self.watcher.stop()
+        if hasattr(self, "_kmsg_thread"):
+            self._kmsg_thread.join(timeout=5)
+        # Incidents finished but held back are complete: publish them. One still being printed is left
+        # to the next start, which re-reads the log from its first record (the cursor stops before it).
+        self.publish(self.correlator.release_finished(), live=True)
+        if self.pod_events is not None:
+            self.pod_events.stop()
+        if self.pod_index is not None:
+            self.pod_index.stop()
+        if self.http is not None:
+            self.http.stop()
+        if self.events_file is not None:
+            self.events_file.close()
+
+    def run_until_signalled(self) -> int:
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.start()
+            stop.wait()  # nothing to do here until a signal: the work happens on the source threads
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.stop()
+        log.info("oomwatch agent stopped")
+        return 0

@@ -1,0 +1,28 @@
+"""The agent's and inspect's settings: one frozen value built by the CLI, passed everywhere."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+DEFAULT_LISTEN = "0.0.0.0:9717"
+
+
+@dataclass(frozen=True)
+class Config:
+    kmsg: str = "/dev/kmsg"
+    cgroup_root: str = "/sys/fs/cgroup"
+    proc: str = "/proc"
+    listen: str = DEFAULT_LISTEN
+    events_file: Optional[str] = None
+    state_dir: Optional[str] = None
+    kubelet_config: str = "/var/lib/kubelet/config.yaml"
+    run_root: str = "/run"
+    pod_log_dir: str = "/var/log/pods"
+    node_name: Optional[str] = None
+    kube_api: str = "auto"  # auto | off
+    pod_events: bool = True
+    grace_period: float = 600.0
+    # How long the kernel log must stay quiet before an incident still being printed is taken as complete.
+    quiet_seconds: float = 0.25
+    boot_time: Optional[float] = None  # epoch of kernel time 0 for saved logs; None = this host's

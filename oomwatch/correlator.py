@@ -1,0 +1,339 @@
+"""Kernel OOM records (+ what we know of cgroups) → `Incident`s. A pure state machine: no I/O, no clock.
+
+The kernel prints one OOM invocation as: header (`invoked oom-killer`, stack, meminfo, task table) →
+`oom-kill:` summary → the victim's `Killed process` → for a group kill `Tasks in <cg> … memory.oom.group set`
+and one `Killed process` per process of that cgroup (the victim again among them). Under load the header and
+summary are ratelimited away (burst 10 per 5 s) but kill and `Tasks in` lines never are, so boundaries are
+found from the kill lines themselves:
+- a `Killed process` after a finished single kill starts a new incident;
+- inside a group listing, a pid already listed is the victim's reprint, and a pid whose cgroup is known to lie
+  outside the group cgroup starts a new incident;
+- a second `Tasks in` line means the kill line just before it was the next incident's victim.
+
+A finished incident is held back until the next one finishes or the caller flushes (the log went quiet),
+because a later invocation may report `OOM victim P … is already exiting` for a process that died with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+from oomwatch.model import (
+    Incident,
+    KilledProcess,
+    KmsgRecord,
+    OomAlreadyExiting,
+    OomGroup,
+    OomInvoked,
+    OomKilled,
+    OomMemcgUsage,
+    OomSelected,
+    OomStackTask,
+    OomSummary,
+    OomSuppressed,
+    Workload,
+)
+from oomwatch.parse.oom import parse_oom_line
+
+# Lines that should have parsed as OOM lines: when they do not, the kernel format changed under us.
+_OOM_MARKERS = ("Killed process", "oom-kill:", "invoked oom-killer", "memory.oom.group set", "OOM victim")
+
+
+def is_within(path: Optional[str], ancestor: str) -> bool:
+    """Whether cgroup `path` is `ancestor` or below it."""
+    if path is None:
+        return False
+    if ancestor == "/":
+        return True
+    return path == ancestor or path.startswith(ancestor.rstrip("/") + "/")
+
+
+@dataclass
+class _Kill:
+    line: OomKilled
+    seq: Optional[int]
+    time: float
+    cgroup: Optional[str]  # as known when the line arrived (the process may be gone a moment later)
+
+
+@dataclass
+class _Builder:
+    first_seq: Optional[int]
+    invoked: Optional[OomInvoked] = None
+    stack_task: Optional[OomStackTask] = None
+    usage: Optional[OomMemcgUsage] = None
+    summary: Optional[OomSummary] = None
+    summary_seq: Optional[int] = None
+    selected: Optional[OomSelected] = None
+    group: Optional[str] = None
+    kills: list[_Kill] = field(default_factory=list)
+    exiting: list[dict] = field(default_factory=list)
+    last_was_new_kill: bool = False
+
+    def pids(self) -> set[int]:
+        return {k.line.pid for k in self.kills}
+
+
+@dataclass
+class CorrelatorStats:
+    records: int = 0
+    parse_errors: int = 0
+    lost: int = 0
+    suppressed_reports: int = 0  # headers/summaries the kernel's ratelimit hid (`N callbacks suppressed`)
+    invocations_without_kill: int = 0
+
+
+IncidentFactory = Callable[..., Incident]
+
+
+class Correlator:
+    """Feed records in kernel order; receive finished incidents.
+
+    `cgroup_of_pid(pid)` answers from what the agent remembers of live processes (None = unknown);
+    `oom_cgroup_hint(victim_cgroup)` names the cgroup whose memory.events.local `oom` moved (for incidents
+    whose summary was ratelimited); `resolve_workload`, `scope_of` and `explain` finish the incident."""
+
+    def __init__(
+        self,
+        *,
+        boot_id: str,
+        boot_time: float,
+        resolve_workload: Callable[[str], Workload],
+        scope_of: Callable[[Optional[str], Optional[str], str], str],
+        explain: Callable[[Incident], str],
+        cgroup_of_pid: Callable[[int], Optional[str]] = lambda pid: None,
+        oom_cgroup_hint: Callable[[Optional[str]], Optional[str]] = lambda cg: None,
+        detected_clock: Callable[[], float] = lambda: 0.0,
+    ) -> None:
+        self.boot_id = boot_id
+        self.boot_time = boot_time
+        self._resolve_workload = resolve_workload
+        self._scope_of = scope_of
+        self._explain = explain
+        self._cgroup_of_pid = cgroup_of_pid
+        self._oom_cgroup_hint = oom_cgroup_hint
+        self._detected_clock = detected_clock
+        self._open: Optional[_Builder] = None
+        self._held: Optional[Incident] = None
+        self._held_first_seq: Optional[int] = None
+        self._out: list[Incident] = []
+        self.stats = CorrelatorStats()
+        self.last_seq: Optional[int] = None
+
+    # --- input -------------------------------------------------------------------------------------
+
+    def feed(self, record: KmsgRecord) -> list[Incident]:
+        """One record; returns the incidents this record completed (usually none)."""
+        self.stats.records += 1
+        if record.seq is not None:
+            self.last_seq = record.seq
+        line = parse_oom_line(record.text)
+        if line is None:
+            if any(marker in record.text for marker in _OOM_MARKERS):
+                self.stats.parse_errors += 1
+            return self._drain()
+        when = self._wall_time(record)
+        b = self._open
+        if isinstance(line, OomSuppressed):
+            self.stats.suppressed_reports += line.count
+            self._finish()
+        elif isinstance(line, OomInvoked):
+            self._finish()
+            self._open = _Builder(first_seq=record.seq, invoked=line)
+        elif isinstance(line, OomStackTask):
+            if b is not None and b.invoked is not None and b.stack_task is None and not b.kills:
+                b.stack_task = line
+        elif isinstance(line, OomMemcgUsage):
+            if b is not None and not b.kills and b.usage is None:
+                b.usage = line
+        elif isinstance(line, OomSummary):
+            if b is None or b.kills or b.summary is not None:
+                self._finish()
+                b = self._open = _Builder(first_seq=record.seq)
+            b.summary, b.summary_seq = line, record.seq
+        elif isinstance(line, OomSelected):
+            if b is None or b.kills or b.selected is not None:
+                self._finish()
+                b = self._open = _Builder(first_seq=record.seq)
+            b.selected = line
+        elif isinstance(line, OomKilled):
+            self._on_killed(line, record, when)
+        elif isinstance(line, OomGroup):
+            self._on_group(line, record)
+        elif isinstance(line, OomAlreadyExiting):
+            self._on_exiting(line, when)
+        if not isinstance(line, OomKilled) and self._open is not None:
+            self._open.last_was_new_kill = False
+        return self._drain()
+
+    def lost(self, count: int) -> None:
+        """Records the reader could not get (EPIPE gap): an incident in progress may be incomplete."""
+        self.stats.lost += count
+
+    def flush(self) -> list[Incident]:
+        """The log went quiet (or ended): finish everything."""
+        self._finish()
+        return self.release_finished()
+
+    @property
+    def pending(self) -> bool:
+        return self._open is not None or self._held is not None
+
+    def release_finished(self) -> list[Incident]:
+        """Shutting down: hand out the finished incidents, keep the one still being printed."""
+        if self._held is not None:
+            self._out.append(self._held)
+            self._held = self._held_first_seq = None
+        return self._drain()
+
+    @property
+    def pending_since_seq(self) -> Optional[int]:
+        """Sequence number of the first record of the earliest incident not yet handed out (a restart must
+        read from there again), or None when nothing is pending."""
+        seqs = [s for s in (self._held_first_seq, self._open.first_seq if self._open else None) if s is not None]
+        return min(seqs) if seqs else None
+
+    # --- state machine -----------------------------------------------------------------------------
+
+    def _on_killed(self, line: OomKilled, record: KmsgRecord, when: float) -> None:
+        b = self._open
+        if b is not None and b.kills and line.pid in b.pids():
+            b.last_was_new_kill = False  # the victim's reprint inside its group listing
+            return
+        cgroup = self._cgroup_of_pid(line.pid)
+        new_incident = (
+            b is None
+            or (b.kills and b.group is None)  # a finished single kill: this is the next victim
+            or (b.group is not None and cgroup is not None and not is_within(cgroup, b.group))
+        )
+        if new_incident:
+            self._finish()
+            b = self._open = _Builder(first_seq=record.seq)
+        assert b is not None
+        if not b.kills and b.summary is not None and b.summary.pid in (line.pid, None):
+            cgroup = b.summary.task_cgroup or cgroup  # the kernel's own word for the victim's cgroup
+        b.kills.append(_Kill(line=line, seq=record.seq, time=when, cgroup=cgroup))
+        b.last_was_new_kill = True
+
+    def _on_group(self, line: OomGroup, record: KmsgRecord) -> None:
+        b = self._open
+        if b is None:
+            self._open = _Builder(first_seq=record.seq, group=line.cgroup)
+            return
+        if b.group is None:
+            b.group = line.cgroup
+            return
+        # A second group line: the kill just before it was the next incident's victim (its header and
+        # summary were ratelimited away).
+        moved = b.kills.pop() if (b.last_was_new_kill and len(b.kills) > 1) else None
+        self._finish()
+        nb = self._open = _Builder(first_seq=moved.seq if moved else record.seq, group=line.cgroup)
+        if moved is not None:
+            if moved.cgroup is None or not is_within(moved.cgroup, line.cgroup):
+                moved.cgroup = self._cgroup_of_pid(moved.line.pid)
+            nb.kills.append(moved)
+
+    def _on_exiting(self, line: OomAlreadyExiting, when: float) -> None:
+        note = {"pid": line.pid, "comm": line.comm}
+        # Printed by a later invocation that found its victim already dying: it belongs to the kill that
+        # doomed the process, i.e. the incident in progress or the one just finished.
+        b = self._open
+        if b is not None and b.kills:
+            if line.pid not in b.pids() and note not in b.exiting:
+                b.exiting.append(note)
+            return
+        if self._held is not None:
+            if line.pid not in {p.pid for p in self._held.killed} and note not in self._held.exiting:
+                self._held = replace(self._held, exiting=self._held.exiting + (note,))
+
+    def _finish(self) -> None:
+        b, self._open = self._open, None
+        if b is None:
+            return
+        if not b.kills:
+            self.stats.invocations_without_kill += 1
+            return
+        incident = self._build(b)
+        if self._held is not None:
+            self._out.append(self._held)
+        self._held, self._held_first_seq = incident, b.first_seq
+
+    def _drain(self) -> list[Incident]:
+        if not self._out:
+            return []
+        now = self._detected_clock()
+        out = [replace(i, detected_at=now) for i in self._out]
+        self._out = []
+        return out
+
+    # --- incident ----------------------------------------------------------------------------------
+
+    def _wall_time(self, record: KmsgRecord) -> float:
+        if record.wall_time is not None:
+            return record.wall_time
+        return self.boot_time + (record.usec or 0) / 1e6
+
+    def _build(self, b: _Builder) -> Incident:
+        first = b.kills[0]
+        oom_kind = first.line.oom_kind
+        if b.summary is not None:
+            constraint = b.summary.constraint
+        elif oom_kind == "global":
+            constraint = "global"
+        else:
+            constraint = "memcg"
+        if b.summary is not None:
+            oom_cgroup: Optional[str] = b.summary.oom_cgroup
+        elif constraint != "memcg":
+            oom_cgroup = "/"
+        else:
+            oom_cgroup = self._oom_cgroup_hint(first.cgroup or b.group)
+        killed = tuple(self._process(k, b.group) for k in b.kills)
+        victim = killed[0]
+        trigger = None
+        if b.stack_task is not None:
+            trigger = {"pid": b.stack_task.pid, "comm": b.stack_task.comm}
+        elif b.invoked is not None:
+            trigger = {"pid": None, "comm": b.invoked.comm}
+        memory = None
+        if b.usage is not None:
+            memory = {"usage_bytes": b.usage.usage_bytes, "limit_bytes": b.usage.limit_bytes}
+        workload = self._resolve_workload(victim.cgroup) if victim.cgroup else Workload(type="other", cgroup="")
+        workloads: list[Workload] = [workload]
+        for proc in killed[1:]:
+            if proc.cgroup:
+                w = self._resolve_workload(proc.cgroup)
+                if w not in workloads:
+                    workloads.append(w)
+        incident = Incident(
+            time=first.time,
+            boot_id=self.boot_id,
+            kernel_seq=b.summary_seq if b.summary_seq is not None else first.seq,
+            kind="group" if b.group is not None else "single",
+            constraint=constraint,
+            scope=self._scope_of(victim.cgroup, oom_cgroup, constraint),
+            oom_cgroup=oom_cgroup,
+            group_cgroup=b.group,
+            trigger=trigger,
+            memory=memory,
+            victim=victim,
+            killed=killed,
+            workload=workload,
+            explanation="",
+            detected_at=0.0,  # set when released
+            exiting=tuple(b.exiting),
+            workloads=tuple(workloads),
+        )
+        return replace(incident, explanation=self._explain(incident))
+
+    @staticmethod
+    def _process(kill: _Kill, group: Optional[str]) -> KilledProcess:
+        line = kill.line
+        cgroup = kill.cgroup
+        if cgroup is None and group is not None:
+            cgroup = group  # offline, the group cgroup is the closest the kernel's lines place it
+        return KilledProcess(
+            pid=line.pid, comm=line.comm, cgroup=cgroup, uid=line.uid, total_vm_bytes=line.total_vm_bytes,
+            anon_rss_bytes=line.anon_rss_bytes, file_rss_bytes=line.file_rss_bytes,
+            shmem_rss_bytes=line.shmem_rss_bytes, oom_score_adj=line.oom_score_adj)

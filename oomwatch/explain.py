@@ -1,0 +1,91 @@
+"""Incident → one plain sentence a person can act on."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from oomwatch.model import Incident, KilledProcess
+from oomwatch.workloads import kubepods_level
+
+
+def size(n: Optional[float]) -> str:
+    """Bytes in MiB/GiB, as operators size limits."""
+    if n is None:
+        return "?"
+    if n == float("inf"):
+        return "unlimited"
+    if n >= 1 << 30:
+        value, unit = n / (1 << 30), "GiB"
+    else:
+        value, unit = n / (1 << 20), "MiB"
+    text = f"{value:.1f}".rstrip("0").rstrip(".")
+    return f"{text} {unit}"
+
+
+def _proc(p: KilledProcess) -> str:
+    return f"{p.comm} (pid {p.pid})"
+
+
+def _others(procs: tuple[KilledProcess, ...], limit: int = 3) -> str:
+    names = [p.comm for p in procs[:limit]]
+    if len(procs) > limit:
+        names.append(f"{len(procs) - limit} more")
+    if len(names) <= 1:
+        return "".join(names)
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def explain(incident: Incident, single_process_oom_kill: str = "unknown") -> str:
+    w = incident.workload
+    victim = incident.victim
+    who = w.display_name() if w.cgroup or w.pod else (victim.cgroup or "an unknown cgroup")
+    limit = incident.memory["limit_bytes"] if incident.memory else None
+    limit_text = f"its {size(limit)} limit" if limit else "its memory limit"
+    collateral = incident.collateral
+    group_note = ""
+    if incident.kind == "group":
+        if collateral:
+            group_note = f"memory.oom.group=1 on {incident.group_cgroup} also killed {_others(collateral)}"
+        else:
+            group_note = f"memory.oom.group=1 on {incident.group_cgroup} was set, but no other process was left"
+
+    level = kubepods_level(incident.oom_cgroup) if incident.oom_cgroup else None
+    if incident.constraint != "memcg" or incident.scope == "node" and level is None:
+        sentence = (f"The node ran out of memory (no cgroup limit was hit); the kernel chose {_proc(victim)} of "
+                    f"{who}")
+        sentence += f", and {group_note}." if group_note else "."
+        return sentence + " Reserve memory for the system (kubelet system-reserved and eviction thresholds) " \
+                          "or lower what the node runs."
+    if level in ("node-allocatable", "qos"):
+        sentence = (f"Pods on this node together hit the kubepods limit ({size(limit)}, node allocatable); the "
+                    f"kernel chose {_proc(victim)} of {who}")
+        sentence += f", and {group_note}." if group_note else "."
+        return sentence + " The kubelet's eviction did not act in time: lower pod limits or raise eviction " \
+                          "thresholds."
+
+    if incident.scope == "pod":
+        sentence = (f"{w.display_name() if w.pod else who}: the pod's {size(limit)} limit was hit; the kernel "
+                    f"chose {_proc(victim)}")
+        if group_note:
+            sentence += f" and {group_note}"
+        if incident.group_cgroup and incident.group_cgroup == w.pod_cgroup:
+            sentence += "; every container of the pod died"
+        return sentence + ". Raise the pod's containers' limits or lower their usage."
+
+    where = "the container past" if w.type == "k8s-container" else "the cgroup past"
+    if incident.scope == "cgroup" and incident.oom_cgroup and incident.oom_cgroup != w.cgroup:
+        where = f"{incident.oom_cgroup} past"
+        limit_text = f"its {size(limit)} limit" if limit else "its limit"
+    trigger = incident.trigger or {}
+    if trigger.get("pid") not in (None, victim.pid) or (trigger.get("comm") and trigger.get("comm") != victim.comm):
+        head = (f"{who}: {trigger.get('comm')} (pid {trigger.get('pid')}) pushed {where} {limit_text} and the "
+                f"kernel killed {_proc(victim)}")
+    else:
+        head = f"{who}: {_proc(victim)} pushed {where} {limit_text}"
+    if incident.kind == "group":
+        sentence = f"{head}; {group_note}."
+        if collateral and w.is_kubernetes and single_process_oom_kill != "true":
+            sentence += f" With singleProcessOOMKill=true only {victim.comm} would have died."
+        return sentence
+    sentence = f"{head} and was killed alone (memory.oom.group=0); its other processes kept running."
+    return sentence

@@ -1,0 +1,328 @@
+"""`oomwatch inspect`: a one-shot, read-only report of this node's OOM posture, workloads and recent kills.
+
+`build_report()` gathers the data (a plain dict, which is also the `--json` output); `render_text()` turns it
+into an 80-column report. Nothing here parses kernel or cgroup text: that is done by the sources/parsers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import time
+from typing import Any, Iterable, Optional
+
+from oomwatch.agent import NodePosture, cgroup_version_label, host_boot_time, is_workload_cgroup, make_correlator
+from oomwatch.config import Config
+from oomwatch.correlator import is_within
+from oomwatch.explain import size
+from oomwatch.model import Incident, KmsgRecord
+from oomwatch.sources.cgroupfs import CgroupFS, Proc
+from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, is_live_kmsg, read_saved_log
+from oomwatch.workloads import WorkloadResolver
+from oomwatch.workloads.kubelet import read_kubelet_config
+from oomwatch.workloads.paths import kubepods_level
+from oomwatch.workloads.runtime import RuntimeNames
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
+
+
+def parse_since(text: str, now: float) -> float:
+    """`--since`: a duration back from now (`30m`, `2h`, `1d`) or an ISO time (`2026-11-22T17:00:00`)."""
+    m = _DURATION.match(text.strip())
+    if m:
+        return now - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    import datetime as dt
+
+    try:
+        value = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"--since wants a duration like 30m, 2h, 1d or an ISO time, got {text!r}") from exc
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return value.timestamp()
+
+
+def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
+                   cgroup_of_pid=lambda pid: None, boot_id: str = "unknown") -> tuple[list[Incident], dict]:
+    """Every incident still in the kernel's ring buffer (or in the saved log). Returns (incidents, reader
+    health). Raises KmsgUnavailable when the log cannot be read at all."""
+    live = is_live_kmsg(config.kmsg)
+    boot_time = config.boot_time if config.boot_time is not None else host_boot_time()
+    correlator = make_correlator(boot_id=boot_id if live else "saved-log", boot_time=boot_time,
+                                 resolver=resolver, posture_single=lambda: single, cgroup_of_pid=cgroup_of_pid)
+    health = {"source": config.kmsg, "live": live, "records": 0, "lost": 0, "parse_errors": 0,
+              "suppressed_reports": 0}
+    items: Iterable[Any]
+    if live:
+        reader = LiveKmsg(config.kmsg)
+        reader.open()
+        items = list(reader.read_available())
+        reader.close()
+    else:
+        try:
+            items = read_saved_log(config.kmsg)
+        except OSError as exc:
+            raise KmsgUnavailable(f"{config.kmsg}: {exc.strerror or exc}") from exc
+    incidents: list[Incident] = []
+    try:
+        for item in items:
+            if isinstance(item, KmsgRecord):
+                incidents += correlator.feed(item)
+            elif isinstance(item, Lost):
+                health["lost"] += item.count or 0
+                correlator.lost(item.count or 0)
+            elif isinstance(item, Garbled):
+                health["parse_errors"] += 1
+    except OSError as exc:
+        raise KmsgUnavailable(f"{config.kmsg}: {exc.strerror or exc}") from exc
+    incidents += correlator.flush()
+    stats = correlator.stats
+    health["records"] = stats.records
+    health["parse_errors"] += stats.parse_errors
+    health["suppressed_reports"] = stats.suppressed_reports
+    return incidents, health
+
+
+def _headroom(limit: Optional[float], usage: Optional[int]) -> Optional[float]:
+    if limit is None or usage is None or math.isinf(limit):
+        return None
+    return limit - usage
+
+
+def _risk(row: dict) -> tuple:
+    events = row.get("events") or {}
+    limit, usage = row.get("limit_bytes"), row.get("usage_bytes")
+    ratio = usage / limit if limit and usage is not None and not math.isinf(limit) else 0.0
+    return (-(events.get("oom_kill", 0) + events.get("oom_group_kill", 0)), -events.get("oom", 0), -ratio,
+            -(events.get("max", 0)), row["cgroup"])
+
+
+def _matches(target: Optional[str], container: Optional[str], workload: dict, cgroup: Optional[str]) -> bool:
+    if container and workload.get("container") != container:
+        return False
+    if not target:
+        return True
+    if target.startswith("/"):
+        return bool(cgroup) and is_within(cgroup, target.rstrip("/") or "/")
+    ns, sep, pod = target.partition("/")
+    if sep:
+        return workload.get("namespace") == ns and workload.get("pod") == pod
+    return workload.get("pod") == target or workload.get("container") == target
+
+
+def build_report(config: Config, *, target: Optional[str] = None, container: Optional[str] = None,
+                 since: Optional[float] = None, node_view: bool = True) -> dict[str, Any]:
+    """The report as data. `node_view=False` (a saved log from elsewhere) skips this host's posture and
+    workloads: they would describe the wrong node."""
+    proc = Proc(config.proc)
+    fs = CgroupFS(config.cgroup_root)
+    notes: list[str] = []
+    resolver = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir))
+    posture = NodePosture(config, proc)
+    single = posture.single_process_oom_kill() if node_view else "unknown"
+    report: dict[str, Any] = {"node": None, "workloads": [], "incidents": [], "kmsg": None, "notes": notes}
+
+    pids: dict[int, str] = {}
+    if node_view:
+        version = posture.cgroup_version
+        fields = fs.memory_event_fields() if os.path.isdir(config.cgroup_root) else ()
+        policy = read_kubelet_config(config.kubelet_config)
+        rows = []
+        containers = containers_grouped = 0
+        for path in fs.walk() if os.path.isdir(config.cgroup_root) else ():
+            workload = resolver.resolve(path)
+            stats = fs.read_stats(path, with_pids=True)
+            if stats is None:
+                continue
+            for pid in stats.pids:
+                pids[pid] = path
+            if workload.type == "k8s-container" and workload.cgroup == path and not workload.sandbox:
+                containers += 1
+                containers_grouped += stats.oom_group == 1
+            if not is_workload_cgroup(path, workload, stats):
+                continue
+            rows.append({
+                "cgroup": path,
+                "workload": workload.to_json(),
+                "name": workload.display_name(),
+                "oom_group": stats.oom_group,
+                "limit_bytes": stats.limit_bytes,
+                "usage_bytes": stats.usage_bytes,
+                "peak_bytes": stats.peak_bytes,
+                "headroom_bytes": _headroom(stats.limit_bytes, stats.usage_bytes),
+                "events": {k: v for k, v in (stats.events or {}).items()
+                           if k in ("max", "high", "oom", "oom_kill", "oom_group_kill")},
+            })
+        rows.sort(key=_risk)
+        report["workloads"] = [r for r in rows if _matches(target, container, r["workload"], r["cgroup"])]
+        share = containers_grouped / containers if containers else None
+        mismatch = None
+        if single == "false" and containers and containers_grouped < containers:
+            mismatch = (f"the kubelet asks for group kills, but {containers - containers_grouped} of {containers} "
+                        "container cgroups have memory.oom.group=0 (a runtime that ignores the request, or "
+                        "containers started before the kubelet changed)")
+        elif single == "true" and containers_grouped:
+            mismatch = (f"singleProcessOOMKill=true, yet {containers_grouped} of {containers} container cgroups "
+                        "have memory.oom.group=1")
+        report["node"] = {
+            "kernel": posture.kernel,
+            "cgroup_version": cgroup_version_label(version),
+            "memory_events_fields": list(fields),
+            "oom_group_kill_counted": "oom_group_kill" in fields,
+            "kubelet_config": config.kubelet_config,
+            "kubelet_config_readable": policy is not None and policy.error is None,
+            "single_process_oom_kill": single,
+            "container_cgroups": containers,
+            "container_cgroups_oom_group": containers_grouped,
+            "oom_group_share": share,
+            "mismatch": mismatch,
+        }
+        if version in ("v1", "hybrid"):
+            notes.append(f"memory is on cgroup v1 here ({version} hierarchy): every OOM kill is a single-process "
+                         "kill; memory.oom.group is a cgroup v2 feature. Workload rows come from "
+                         f"{config.cgroup_root} as it is.")
+        elif version == "none":
+            notes.append(f"no cgroup hierarchy found at {config.cgroup_root}: workloads cannot be shown.")
+        if fields and "oom_group_kill" not in fields:
+            notes.append("this kernel's memory.events has no oom_group_kill (added in 5.17): group kills are "
+                         "told apart from the kernel log only.")
+        if os.geteuid() != 0:
+            notes.append("not running as root: some cgroups and the kernel log may be unreadable; what is "
+                         "readable is shown.")
+
+    def cgroup_of_pid(pid: int) -> Optional[str]:
+        return proc.cgroup_of(pid) or pids.get(pid)
+
+    try:
+        incidents, health = read_incidents(config, resolver, single, cgroup_of_pid if node_view else (lambda p: None),
+                                           boot_id=proc.boot_id())
+        report["kmsg"] = health
+    except KmsgUnavailable as exc:
+        report["kmsg"] = {"source": config.kmsg, "error": str(exc)}
+        notes.append(f"cannot read the kernel log: {exc}. Recent incidents are not shown; the node posture and "
+                     "workloads above are.")
+        incidents = []
+    if report["kmsg"] and report["kmsg"].get("lost"):
+        notes.append(f"{report['kmsg']['lost']} kernel log records were lost (overwritten) before they could be read.")
+    selected = []
+    for incident in incidents:
+        data = incident.to_json()
+        if since is not None and incident.time < since:
+            continue
+        cgroups = [p.cgroup for p in incident.killed]
+        if not any(_matches(target, container, w.to_json(), w.cgroup or c)
+                   for w, c in zip(incident.workloads or (incident.workload,), cgroups)) and not any(
+                _matches(target, container, incident.workload.to_json(), c) for c in cgroups):
+            continue
+        selected.append(data)
+    report["incidents"] = list(reversed(selected))  # newest first
+    return report
+
+
+# --- text rendering -----------------------------------------------------------------------------------
+
+
+class Style:
+    def __init__(self, color: bool) -> None:
+        self.color = color
+
+    def _c(self, code: str, text: str) -> str:
+        return f"\033[{code}m{text}\033[0m" if self.color else text
+
+    def bold(self, text: str) -> str:
+        return self._c("1", text)
+
+    def red(self, text: str) -> str:
+        return self._c("31", text)
+
+    def yellow(self, text: str) -> str:
+        return self._c("33", text)
+
+
+def _wrap(text: str, width: int, indent: str = "  ") -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ") or [indent]
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(1, width - 1)] + "…"
+
+
+def render_text(report: dict[str, Any], color: bool = False, width: int = 80) -> str:
+    s = Style(color)
+    out: list[str] = []
+    node = report.get("node")
+    if node is not None:
+        out.append(s.bold("Node"))
+        out.append(f"  kernel {node['kernel']}, cgroup v{node['cgroup_version']}"
+                   if node["cgroup_version"] in ("1", "2") else
+                   f"  kernel {node['kernel']}, cgroup {node['cgroup_version']}")
+        fields = node["memory_events_fields"]
+        if fields:
+            out.append(f"  memory.events: {' '.join(fields)}")
+        single = node["single_process_oom_kill"]
+        policy = {"false": "group kill (singleProcessOOMKill=false or unset on cgroup v2)",
+                  "true": "single-process kill (singleProcessOOMKill=true)",
+                  "unknown": "unknown (kubelet config not readable at " + node["kubelet_config"] + ")"}[single]
+        out.append(f"  kubelet OOM policy: {policy}")
+        if node["container_cgroups"]:
+            pct = round(100 * node["oom_group_share"])
+            out.append(f"  containers with memory.oom.group=1: {node['container_cgroups_oom_group']} of "
+                       f"{node['container_cgroups']} ({pct}%)")
+        if node["mismatch"]:
+            out.extend(_wrap(s.yellow("mismatch: " + node["mismatch"]), width))
+        out.append("")
+    for note in report.get("notes", []):
+        out.extend(_wrap(s.yellow("note: ") + note, width, indent=""))
+    if report.get("notes"):
+        out.append("")
+    if node is not None:
+        rows = report["workloads"]
+        out.append(s.bold(f"Workloads ({len(rows)})"))
+        if rows:
+            header = f"  {'WORKLOAD':<30} {'GRP':>3} {'LIMIT':>9} {'USAGE':>9} {'PEAK':>9} {'OOM':>4} {'KILL':>4}"
+            out.append(header)
+            for r in rows:
+                ev = r["events"]
+                limit = r["limit_bytes"]
+                out.append(
+                    f"  {_fit(r['name'], 30):<30} {'-' if r['oom_group'] is None else r['oom_group']:>3} "
+                    f"{size(limit) if limit is not None else '-':>9} {size(r['usage_bytes']):>9} "
+                    f"{size(r['peak_bytes']) if r['peak_bytes'] is not None else '-':>9} "
+                    f"{ev.get('oom', 0):>4} {ev.get('oom_kill', 0):>4}")
+        else:
+            out.append("  none found")
+        out.append("")
+    incidents = report["incidents"]
+    out.append(s.bold(f"Recent OOM kills ({len(incidents)}, newest first)"))
+    if not incidents:
+        kmsg = report.get("kmsg") or {}
+        out.append("  none in the kernel log" if not kmsg.get("error") else "  unknown (kernel log unreadable)")
+    for inc in incidents:
+        killed = inc["killed"]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(_epoch(inc["time"])))
+        tag = s.red("GROUP") if inc["kind"] == "group" else "single"
+        out.append(f"  {when}Z  {tag} kill, scope {inc['scope']}, {len(killed)} killed")
+        out.extend(_wrap(inc["explanation"], width, indent="    "))
+        pids = ", ".join(f"{p['comm']}({p['pid']})" for p in killed)
+        out.extend(_wrap(f"killed: {pids}", width, indent="    "))
+        if inc.get("exiting"):
+            ex = ", ".join(f"{p['comm']}({p['pid']})" for p in inc["exiting"])
+            out.extend(_wrap(f"already exiting, died with it: {ex}", width, indent="    "))
+    return "\n".join(out) + "\n"
+
+
+def _epoch(iso: str) -> float:
+    from oomwatch.timefmt import parse_iso8601
+
+    return parse_iso8601(iso)
+
+
+def terminal_width() -> int:
+    return min(100, shutil.get_terminal_size((80, 24)).columns)
+
+
+__all__ = ["build_report", "render_text", "parse_since", "read_incidents", "kubepods_level"]

@@ -1,0 +1,264 @@
+"""Thin readers for the cgroup v2 tree and /proc, and an inotify watcher that reports changes.
+
+Cgroups come and go all the time: a file or directory that vanishes mid-read is normal and yields None /
+nothing, never an exception. Parsing is in oomwatch/parse/cgroup.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable, Iterator, Optional
+
+from oomwatch.model import CgroupStats
+from oomwatch.parse.cgroup import (
+    parse_flat_keyed,
+    parse_int,
+    parse_limit,
+    parse_mounts_cgroup_version,
+    parse_pids,
+    parse_proc_pid_cgroup,
+)
+
+log = logging.getLogger(__name__)
+
+
+def cat(path: str) -> Optional[str]:
+    """A small file's text, or None when it is gone or unreadable (the cgroup was removed)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError, OSError):
+        return None
+
+
+class CgroupFS:
+    """Reads one cgroup v2 hierarchy mounted at `root`. Paths are relative ("/a/b"), as the kernel prints."""
+
+    def __init__(self, root: str = "/sys/fs/cgroup") -> None:
+        self.root = root.rstrip("/") or "/"
+
+    def abspath(self, path: str) -> str:
+        return self.root if path in ("", "/") else self.root + path
+
+    def exists(self, path: str) -> bool:
+        return os.path.isdir(self.abspath(path))
+
+    def walk(self) -> Iterator[str]:
+        """Every cgroup below the root, parents before children."""
+        stack = ["/"]
+        while stack:
+            path = stack.pop()
+            yield path
+            try:
+                with os.scandir(self.abspath(path)) as it:
+                    children = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+            except OSError:
+                continue
+            prefix = "" if path == "/" else path
+            stack.extend(f"{prefix}/{name}" for name in reversed(children))
+
+    def read_events(self, path: str) -> tuple[Optional[dict[str, int]], Optional[dict[str, int]]]:
+        base = self.abspath(path)
+        events = cat(f"{base}/memory.events")
+        local = cat(f"{base}/memory.events.local")
+        return (parse_flat_keyed(events) if events is not None else None,
+                parse_flat_keyed(local) if local is not None else None)
+
+    def read_stats(self, path: str, with_pids: bool = False) -> Optional[CgroupStats]:
+        """One cgroup's memory files; None when the cgroup is gone."""
+        base = self.abspath(path)
+        if not os.path.isdir(base):
+            return None
+        events, local = self.read_events(path)
+        oom_group = cat(f"{base}/memory.oom.group")
+        limit = cat(f"{base}/memory.max")
+        current = cat(f"{base}/memory.current")
+        peak = cat(f"{base}/memory.peak")
+        pids: tuple[int, ...] = ()
+        if with_pids:
+            procs = cat(f"{base}/cgroup.procs")
+            pids = parse_pids(procs) if procs is not None else ()
+        return CgroupStats(
+            path=path,
+            oom_group=parse_int(oom_group) if oom_group is not None else None,
+            events=events,
+            events_local=local,
+            limit_bytes=parse_limit(limit) if limit is not None else None,
+            usage_bytes=parse_int(current) if current is not None else None,
+            peak_bytes=parse_int(peak) if peak is not None else None,
+            pids=pids,
+        )
+
+    def read_pids(self, path: str) -> tuple[int, ...]:
+        procs = cat(f"{self.abspath(path)}/cgroup.procs")
+        return parse_pids(procs) if procs is not None else ()
+
+    def memory_event_fields(self) -> tuple[str, ...]:
+        """Which memory.events keys this kernel has (`oom_group_kill` needs 5.17): read from the first
+        child cgroup that has the file (the root has none)."""
+        for path in self.walk():
+            if path == "/":
+                continue
+            events, _ = self.read_events(path)
+            if events is not None:
+                return tuple(events)
+        return ()
+
+
+class Proc:
+    """The bits of /proc oomwatch reads."""
+
+    def __init__(self, root: str = "/proc") -> None:
+        self.root = root.rstrip("/")
+
+    def cgroup_of(self, pid: int) -> Optional[str]:
+        text = cat(f"{self.root}/{pid}/cgroup")
+        return parse_proc_pid_cgroup(text) if text is not None else None
+
+    def boot_id(self) -> str:
+        return (cat(f"{self.root}/sys/kernel/random/boot_id") or "unknown").strip()
+
+    def kernel_release(self) -> str:
+        text = cat(f"{self.root}/sys/kernel/osrelease")
+        return text.strip() if text else os.uname().release
+
+    def cgroup_version(self, cgroup_root: str) -> str:
+        return parse_mounts_cgroup_version(cat(f"{self.root}/self/mounts") or "", cgroup_root)
+
+    def dmesg_restrict(self) -> Optional[int]:
+        text = cat(f"{self.root}/sys/kernel/dmesg_restrict")
+        return parse_int(text) if text is not None else None
+
+
+# --- watcher ----------------------------------------------------------------------------------------
+
+CgroupCallback = Callable[[str], None]
+
+
+class CgroupWatcher:
+    """inotify on every cgroup directory (new and removed children) and every `memory.events` (the kernel
+    signals each change with IN_MODIFY). Blocks in read(): no rescans, no work while nothing happens.
+
+    Callbacks run on the watcher thread: `on_added(path)`, `on_removed(path)`, `on_events(path)`."""
+
+    def __init__(self, fs: CgroupFS, *, on_added: CgroupCallback, on_removed: CgroupCallback,
+                 on_events: CgroupCallback) -> None:
+        import inotify_simple  # imported here: inspect and offline analysis never need it
+
+        self._inotify_simple = inotify_simple
+        self.fs = fs
+        self.on_added, self.on_removed, self.on_events = on_added, on_removed, on_events
+        self._inotify = inotify_simple.INotify()
+        self._wd_dir: dict[int, str] = {}
+        self._wd_events: dict[int, str] = {}
+        self._dir_wd: dict[str, int] = {}
+        self._events_wd: dict[str, int] = {}
+        self._stop_r, self._stop_w = os.pipe()
+        self.error: Optional[str] = None
+        self.alive = False
+
+    def start_watching(self) -> list[str]:
+        """Watch the whole tree; returns the cgroups found (the caller's initial state)."""
+        found = []
+        for path in self.fs.walk():
+            if self._watch(path):
+                found.append(path)
+        return found
+
+    def _watch(self, path: str) -> bool:
+        flags = self._inotify_simple.flags
+        base = self.fs.abspath(path)
+        try:
+            wd = self._inotify.add_watch(base, flags.CREATE | flags.DELETE | flags.MOVED_TO | flags.MOVED_FROM
+                                         | flags.ONLYDIR | flags.DELETE_SELF)
+        except OSError:
+            return False  # gone already
+        self._wd_dir[wd] = path
+        self._dir_wd[path] = wd
+        if path != "/":
+            try:
+                ewd = self._inotify.add_watch(f"{base}/memory.events", flags.MODIFY)
+                self._wd_events[ewd] = path
+                self._events_wd[path] = ewd
+            except OSError:
+                pass  # no memory controller here
+        return True
+
+    def _forget(self, path: str) -> list[str]:
+        gone = [p for p in self._dir_wd if p == path or p.startswith(path.rstrip("/") + "/")]
+        for p in gone:
+            wd = self._dir_wd.pop(p, None)
+            if wd is not None:
+                self._wd_dir.pop(wd, None)
+            ewd = self._events_wd.pop(p, None)
+            if ewd is not None:
+                self._wd_events.pop(ewd, None)
+        return gone
+
+    def known(self) -> list[str]:
+        return list(self._dir_wd)
+
+    def stop(self) -> None:
+        os.write(self._stop_w, b"x")
+
+    def run(self) -> None:
+        """The watcher loop; returns on stop()."""
+        import select
+
+        flags = self._inotify_simple.flags
+        poller = select.poll()
+        poller.register(self._inotify.fileno(), select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        self.alive = True
+        try:
+            while True:
+                ready = {fd for fd, _ in poller.poll()}
+                if self._stop_r in ready:
+                    return
+                for event in self._inotify.read(timeout=0):
+                    if event.mask & flags.Q_OVERFLOW:
+                        log.warning("inotify queue overflowed; re-reading the cgroup tree")
+                        self._resync()
+                        continue
+                    if event.wd in self._wd_events and event.mask & flags.MODIFY:
+                        self.on_events(self._wd_events[event.wd])
+                        continue
+                    parent = self._wd_dir.get(event.wd)
+                    if parent is None:
+                        continue
+                    if event.mask & flags.DELETE_SELF:
+                        for p in self._forget(parent):
+                            self.on_removed(p)
+                        continue
+                    if not event.mask & flags.ISDIR:
+                        continue
+                    child = ("" if parent == "/" else parent) + "/" + event.name
+                    if event.mask & (flags.CREATE | flags.MOVED_TO):
+                        self._add_subtree(child)
+                    elif event.mask & (flags.DELETE | flags.MOVED_FROM):
+                        for p in self._forget(child):
+                            self.on_removed(p)
+        except Exception as exc:  # the agent reports this in /healthz
+            self.error = f"cgroup watcher stopped: {exc}"
+            log.exception("cgroup watcher stopped")
+        finally:
+            self.alive = False
+
+    def _add_subtree(self, path: str) -> None:
+        # Children may have been created before our watch on `path` existed: walk them too.
+        for sub in CgroupFS(self.fs.abspath(path)).walk():
+            full = path if sub == "/" else path + sub
+            if full not in self._dir_wd and self._watch(full):
+                self.on_added(full)
+
+    def _resync(self) -> None:
+        present = set(self.fs.walk())
+        for path in list(self._dir_wd):
+            if path not in present:
+                for p in self._forget(path):
+                    self.on_removed(p)
+        for path in sorted(present):
+            if path not in self._dir_wd and self._watch(path):
+                self.on_added(path)

@@ -1,0 +1,145 @@
+"""Thin readers for the kernel log: live /dev/kmsg, or a saved dump / `dmesg` / `journalctl -k` text.
+
+Both yield `KmsgRecord`s and `Lost(n)` markers; neither interprets what the records say.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import stat
+import sys
+from dataclasses import dataclass
+from typing import BinaryIO, Iterator, Optional, Union
+
+from oomwatch.model import KmsgRecord
+from oomwatch.parse.kmsg import GARBLED, LOST_MARKER, KmsgParseError, parse_kmsg_record, parse_text_log
+
+READ_SIZE = 8192  # one read returns one record; the kernel caps a record well below this
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Records the reader could not get. `count` is None when the size of the gap is unknown."""
+
+    count: Optional[int]
+
+
+@dataclass(frozen=True)
+class Garbled:
+    """A record that did not parse (counted, never fatal)."""
+
+    raw: bytes
+
+
+KmsgItem = Union[KmsgRecord, Lost, Garbled]
+
+
+class KmsgUnavailable(Exception):
+    """The kernel log cannot be read; the message says why and what would fix it."""
+
+
+def is_live_kmsg(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
+def explain_open_error(path: str, exc: OSError) -> str:
+    if exc.errno == errno.ENOENT:
+        return f"{path} does not exist"
+    if exc.errno in (errno.EPERM, errno.EACCES):
+        if exc.errno == errno.EPERM:
+            return (f"{path}: permission denied (EPERM: printk_devkmsg=off, or CAP_SYSLOG missing while "
+                    "kernel.dmesg_restrict=1); run as root or grant CAP_SYSLOG")
+        return f"{path}: permission denied; run as root or grant CAP_SYSLOG"
+    return f"{path}: {exc.strerror or exc}"
+
+
+class LiveKmsg:
+    """/dev/kmsg, read non-blocking. Each read() returns one record; EPIPE means records were overwritten
+    before we read them, and the next read continues with the oldest record still there."""
+
+    def __init__(self, path: str = "/dev/kmsg") -> None:
+        self.path = path
+        self.fd: Optional[int] = None
+        self._last_seq: Optional[int] = None
+
+    def open(self, after_seq: Optional[int] = None) -> None:
+        """Open; with `after_seq`, records up to it are skipped and a gap after it is reported as lost."""
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise KmsgUnavailable(explain_open_error(self.path, exc)) from exc
+        self._last_seq = after_seq
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def read_available(self) -> Iterator[KmsgItem]:
+        """Every record available now; returns when a read would block."""
+        assert self.fd is not None
+        while True:
+            try:
+                raw = os.read(self.fd, READ_SIZE)
+            except BlockingIOError:
+                return
+            except BrokenPipeError:
+                # The gap is measured from the sequence numbers of the next record we get.
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EINVAL:  # buffer too small for a record: cannot happen at 8 KiB
+                    yield Garbled(b"")
+                    continue
+                raise
+            if not raw:
+                return
+            try:
+                record = parse_kmsg_record(raw)
+            except KmsgParseError:
+                yield Garbled(raw)
+                continue
+            if self._last_seq is not None and record.seq is not None:
+                if record.seq <= self._last_seq:
+                    continue  # already processed before a restart
+                if record.seq > self._last_seq + 1:
+                    yield Lost(record.seq - self._last_seq - 1)
+            self._last_seq = record.seq
+            yield record
+
+    def wait(self, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
+        """Block until a record is readable (True), the timeout passes or `wake_fd` becomes readable."""
+        assert self.fd is not None
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        if wake_fd is not None:
+            poller.register(wake_fd, select.POLLIN)
+        events = poller.poll(None if timeout is None else int(timeout * 1000))
+        return any(fd == self.fd for fd, _ in events)
+
+
+def read_saved_log(source: Union[str, BinaryIO]) -> Iterator[KmsgItem]:
+    """A saved raw kmsg dump, `dmesg` or `journalctl -k` text; "-" is standard input."""
+    if source == "-":
+        stream: BinaryIO = sys.stdin.buffer
+        close = False
+    elif isinstance(source, str):
+        stream = open(source, "rb")
+        close = True
+    else:
+        stream, close = source, False
+    try:
+        for record in parse_text_log(stream):
+            if record.priority == LOST_MARKER:
+                yield Lost(None)
+            elif record.priority == GARBLED:
+                yield Garbled(record.text.encode())
+            else:
+                yield record
+    finally:
+        if close:
+            stream.close()
