@@ -26,7 +26,7 @@ from oomwatch.sinks.collector import NodeInfo, OomwatchCollector
 from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc
-from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost
+from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, read_saved_log
 from oomwatch.store import Labels, Store, load_state, save_state
 from oomwatch.workloads import WorkloadResolver, scope_of
 from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
@@ -97,9 +97,11 @@ def host_boot_time() -> float:
 
 
 class Agent:
-    def __init__(self, config: Config, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.time,
+                 kmsg_factory: Optional[Callable[[str], LiveKmsg]] = None) -> None:
         self.config = config
         self.clock = clock
+        self._kmsg_factory = kmsg_factory or LiveKmsg
         self.fs = CgroupFS(config.cgroup_root)
         self.proc = Proc(config.proc)
         self.posture = NodePosture(config, self.proc)
@@ -259,8 +261,42 @@ class Agent:
 
     # --- kernel log thread ---------------------------------------------------------------------------
 
+    def _handle(self, item, live: bool) -> bool:
+        """One reader item; True when it published something."""
+        if isinstance(item, KmsgRecord):
+            errors_before = self.correlator.stats.parse_errors
+            out = self.correlator.feed(item)
+            self.store.count_kmsg(records=1, parse_errors=self.correlator.stats.parse_errors - errors_before)
+            if out:
+                self.publish(out, live)
+                return True
+        elif isinstance(item, Lost):
+            self.correlator.lost(item.count or 0)
+            self.store.count_kmsg(lost=item.count or 0)
+            log.warning("kernel log: %s records lost before they could be read", item.count or "some")
+        elif isinstance(item, Garbled):
+            self.store.count_kmsg(parse_errors=1)
+        return False
+
+    def _replay_saved_log(self) -> None:
+        """--kmsg names a saved log: publish its incidents once, then keep serving."""
+        try:
+            for item in read_saved_log(self.config.kmsg):
+                self._handle(item, live=False)
+        except OSError as exc:
+            self.kmsg_error = f"{self.config.kmsg}: {exc.strerror or exc}"
+            log.error("cannot read saved kernel log: %s", self.kmsg_error)
+            return
+        self.publish(self.correlator.flush(), live=False)
+        self.kmsg_alive = True
+        log.info("replayed saved kernel log %s: %d incidents", self.config.kmsg, len(self.store.snapshot().incidents))
+
     def _kmsg_loop(self) -> None:
-        reader = LiveKmsg(self.config.kmsg)
+        saved_log = self.config.kmsg == "-" or os.path.isfile(self.config.kmsg)
+        if self._kmsg_factory is LiveKmsg and saved_log:
+            self._replay_saved_log()
+            return
+        reader = self._kmsg_factory(self.config.kmsg)
         after = self.store.cursor_seq if self.store.boot_id == self.boot_id else None
         try:
             reader.open(after_seq=after)
@@ -272,26 +308,10 @@ class Agent:
         live = False
         try:
             while not self._stop.is_set():
-                batch_records = 0
                 published = False
                 for item in reader.read_available():
-                    if isinstance(item, KmsgRecord):
-                        batch_records += 1
-                        errors_before = self.correlator.stats.parse_errors
-                        out = self.correlator.feed(item)
-                        if self.correlator.stats.parse_errors != errors_before:
-                            self.store.count_kmsg(parse_errors=1)
-                        if out:
-                            self.publish(out, live)
-                            published = True
-                    elif isinstance(item, Lost):
-                        self.correlator.lost(item.count or 0)
-                        self.store.count_kmsg(lost=item.count or 0)
-                        log.warning("kernel log: %s records lost before they could be read", item.count)
-                    elif isinstance(item, Garbled):
-                        self.store.count_kmsg(parse_errors=1)
-                self.store.count_kmsg(records=batch_records)
-                if batch_records and not published:
+                    published |= self._handle(item, live)
+                if not published:
                     self._advance_cursor_only()
                 live = True
                 if self._stop.is_set():

@@ -125,7 +125,15 @@ class Proc:
         return text.strip() if text else os.uname().release
 
     def cgroup_version(self, cgroup_root: str) -> str:
-        return parse_mounts_cgroup_version(cat(f"{self.root}/self/mounts") or "", cgroup_root)
+        """"v2", "hybrid", "v1" or "none". The root's own `cgroup.controllers` decides first (it is what we
+        will read); the mount table says whether memory sits on a v1 hierarchy instead."""
+        by_mounts = parse_mounts_cgroup_version(cat(f"{self.root}/self/mounts") or "", cgroup_root)
+        controllers = cat(f"{cgroup_root.rstrip('/')}/cgroup.controllers")
+        if controllers is None:
+            return by_mounts
+        if "memory" in controllers.split():
+            return "v2"
+        return "hybrid" if by_mounts in ("hybrid", "v1") else "v2"
 
     def dmesg_restrict(self) -> Optional[int]:
         text = cat(f"{self.root}/sys/kernel/dmesg_restrict")
