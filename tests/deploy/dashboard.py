@@ -1,0 +1,63 @@
+"""Read the PromQL behind the Grafana dashboard's panels.
+
+    from tests.deploy.dashboard import panel_queries
+    for title, expr in panel_queries("deploy/grafana/oomwatch-dashboard.json",
+                                     {"namespace": ".*", "pod": ".*", "node": ".*"}):
+        ...  # run expr against Prometheus, expect data
+
+Template variables are substituted in every form Grafana accepts (`$name`, `${name}`,
+`${name:format}`, `[[name]]`). Grafana's built-in `$__rate_interval`, `$__interval` and `$__range`
+(plus `_s`/`_ms`) get defaults that `variables` can override. A variable that neither `variables`
+nor the defaults define raises KeyError, so a query cannot silently keep a `$`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from os import PathLike
+from typing import Any, Iterator
+
+BUILTINS: dict[str, str] = {
+    "__rate_interval": "5m",
+    "__interval": "1m",
+    "__interval_ms": "60000",
+    "__range": "1h",
+    "__range_s": "3600",
+    "__range_ms": "3600000",
+}
+
+# ${name}, ${name:format}, [[name]], $name (longest name first: $__range_s before $__range).
+_VARIABLE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\[\[(\w+)(?::[^\]]*)?\]\]|\$(\w+)")
+
+
+def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for panel in panels:
+        yield panel
+        # Collapsed rows keep their panels inside.
+        yield from _panels(panel.get("panels", []))
+
+
+def substitute(expr: str, variables: dict[str, str]) -> str:
+    values = {**BUILTINS, **variables}
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2) or match.group(3)
+        if name not in values:
+            raise KeyError(f"template variable ${name} has no value in {expr!r}")
+        return values[name]
+
+    return _VARIABLE.sub(replace, expr)
+
+
+def panel_queries(path: str | PathLike[str], variables: dict[str, str]) -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every query target of every panel, in dashboard order."""
+    with open(path, encoding="utf-8") as f:
+        dashboard = json.load(f)
+    queries: list[tuple[str, str]] = []
+    for panel in _panels(dashboard.get("panels", [])):
+        for target in panel.get("targets", []):
+            if target.get("hide") or not target.get("expr"):
+                continue
+            queries.append((panel.get("title", ""), substitute(target["expr"], variables)))
+    return queries
