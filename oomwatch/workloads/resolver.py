@@ -1,0 +1,77 @@
+"""cgroup path → a named workload: identify() from the path, then names from the node and the API server.
+
+The path says what kind of workload it is and carries the ids (container id, pod UID); RuntimeNames
+turns the ids into container / pod / namespace names without the API server; PodIndex, when there is
+API access, adds the pod's controlling owner and training job. Each source is optional and each only
+fills what is still unknown, so a saved log replayed on a laptop still gets its path-level identity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional
+
+from oomwatch.model import Workload
+from oomwatch.workloads.kubeapi import PodIndex
+from oomwatch.workloads.paths import CONTAINER, identify, kubepods_level, normalize
+from oomwatch.workloads.runtime import ContainerNames, RuntimeNames
+
+
+class WorkloadResolver:
+    def __init__(
+        self, runtime_names: Optional[RuntimeNames] = None, pod_index: Optional[PodIndex] = None
+    ) -> None:
+        self.runtime_names = runtime_names
+        self.pod_index = pod_index
+
+    def resolve(self, cgroup_path: str) -> Workload:
+        """The workload of a cgroup, with every name the node and the API server can give."""
+        workload = identify(cgroup_path)
+        if not workload.is_kubernetes:
+            return workload
+        changes: dict[str, Any] = {}
+
+        names = self._names(workload)
+        if names is not None:
+            for key, value in (
+                ("container", names.container),
+                ("pod", names.pod),
+                ("namespace", names.namespace),
+                ("pod_uid", names.pod_uid),
+                ("runtime", names.runtime),
+            ):
+                if value is not None and getattr(workload, key) is None:
+                    changes[key] = value
+            if names.is_sandbox:
+                changes["sandbox"] = True
+                changes.pop("container", None)
+
+        pod_uid = changes.get("pod_uid", workload.pod_uid)
+        info = self.pod_index.info(pod_uid) if self.pod_index is not None and pod_uid else None
+        if info is not None:
+            # The API server's names win only where the node had none.
+            changes.setdefault("pod", info.name)
+            changes.setdefault("namespace", info.namespace)
+            if info.owner is not None:
+                changes["owner"] = dict(info.owner)
+            if info.job is not None:
+                changes["job"] = dict(info.job)
+        return replace(workload, **changes) if changes else workload
+
+    def _names(self, workload: Workload) -> Optional[ContainerNames]:
+        if self.runtime_names is None:
+            return None
+        if workload.type == "k8s-container":
+            return self.runtime_names.lookup(workload.container_id, workload.pod_uid)
+        return self.runtime_names.lookup(None, workload.pod_uid)
+
+    def container_appeared(self, cgroup_path: str) -> Optional[ContainerNames]:
+        """Called by the cgroup watcher for each new cgroup: when it is a container cgroup, read and keep
+        the container's names now, while its runtime bundle still exists."""
+        if self.runtime_names is None or kubepods_level(cgroup_path) != CONTAINER:
+            return None
+        workload = identify(cgroup_path)
+        if workload.container_id is None or workload.cgroup != normalize(cgroup_path):
+            return None  # a crun `container`/`exec` child: its container was remembered already
+        return self.runtime_names.remember(workload.container_id)
+

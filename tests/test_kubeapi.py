@@ -1,0 +1,315 @@
+"""PodIndex against a local HTTP API server (real lightkube, real sockets): the node field selector is
+sent, owners and training jobs come out of real-shaped pods, and failures degrade to None quietly."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from lightkube import Client, KubeConfig
+from lightkube.config.models import Cluster, User
+
+from oomwatch.workloads import kubeapi
+from oomwatch.workloads.kubeapi import PodIndex, controlling_owner, pod_info_from_object, training_job
+
+API = Path(__file__).resolve().parent.parent / "fixtures" / "workloads" / "api"
+NODE = "gpu-node-7"
+PYTORCH_UID = "24f2bbdc-1d3e-4978-8054-90f565dfe654"
+JOBSET_UID = "177f6a60-e89c-425f-a4be-a69f02110502"
+REDIS_UID = "7bf73b50-3f74-4daf-9010-e4d48c021cb4"
+BARE_UID = "9c8b7a6f-5e4d-4c3b-a2f1-0e9d8c7b6a59"
+KUEUE_UID = "e3b0c442-98fc-4c14-9afb-f4c8996fb924"
+
+
+class FakeApiServer:
+    """Serves GET /api/v1/pods: the fixture PodList, then one watch stream of the fixture events; later
+    watches hang until shutdown (like a quiet API server). `list_status` != 200 makes lists fail."""
+
+    def __init__(self, list_status: int = 200) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.list_status = list_status
+        self.closing = threading.Event()
+        self.watches = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep pytest output clean
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                url = urlsplit(self.path)
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                server.requests.append({"path": url.path, "query": query,
+                                        "authorization": self.headers.get("Authorization")})
+                if url.path != "/api/v1/pods":
+                    self._json(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404})
+                    return
+                if query.get("watch") == "true":
+                    self._watch()
+                elif server.list_status != 200:
+                    self._json(server.list_status, {
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": 'pods is forbidden: User "system:serviceaccount:oomwatch:oomwatch" cannot list '
+                                   'resource "pods" in API group "" at the cluster scope',
+                        "reason": "Forbidden", "details": {"kind": "pods"}, "code": server.list_status})
+                else:
+                    self._json(200, json.loads((API / "podlist-gpu-node-7.json").read_text()))
+
+            def _json(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _watch(self) -> None:
+                server.watches += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()  # HTTP/1.0: the body ends when the connection closes
+                if server.watches == 1:
+                    for line in (API / "watch-gpu-node-7.jsonl").read_text().splitlines():
+                        self.wfile.write(line.encode() + b"\n")
+                        self.wfile.flush()
+                    return
+                server.closing.wait(10)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self) -> "FakeApiServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.closing.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def client(self) -> Client:
+        config = KubeConfig.from_one(cluster=Cluster(server=self.url), user=User(token="test-token"))
+        return Client(config, trust_env=False)
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_pod_index_lists_and_watches_only_its_node():
+    with FakeApiServer() as api:
+        index = PodIndex(NODE, api.client())
+        index.start()
+        try:
+            assert index.wait_synced(5)
+            assert _wait_for(lambda: index.info(KUEUE_UID) is not None and "tier" in index.info(REDIS_UID).labels)
+
+            listing, watch = api.requests[0], api.requests[1]
+            assert listing["query"]["fieldSelector"] == f"spec.nodeName={NODE}"
+            assert "watch" not in listing["query"]
+            assert watch["query"]["fieldSelector"] == f"spec.nodeName={NODE}"
+            assert watch["query"]["watch"] == "true"
+            assert watch["query"]["resourceVersion"] == "184467"  # continues from the list
+            assert listing["authorization"] == "Bearer test-token"
+            assert all(r["path"] == "/api/v1/pods" for r in api.requests)  # read-only, pods only
+
+            pytorch = index.info(PYTORCH_UID)
+            assert (pytorch.namespace, pytorch.name) == ("ml-team", "trainer-worker-0")
+            assert pytorch.owner == {"kind": "PyTorchJob", "name": "trainer"}
+            assert pytorch.job == {"kind": "PyTorchJob", "name": "trainer"}
+
+            jobset = index.info(JOBSET_UID)  # deleted by the watch, still known for a while
+            assert jobset is not None
+            assert jobset.owner == {"kind": "Job", "name": "pretrain-workers-0"}
+            assert jobset.job == {"kind": "JobSet", "name": "pretrain"}
+            assert jobset.queue == "team-a"
+
+            redis = index.info(REDIS_UID)
+            assert redis.owner == {"kind": "ReplicaSet", "name": "redis-7d9f8b6c5"}
+            assert redis.job is None
+            assert redis.labels["tier"] == "cache"  # MODIFIED applied
+
+            bare = index.info(BARE_UID)
+            assert bare.owner is None and bare.job is None
+
+            kueue_job = index.info(KUEUE_UID)  # ADDED by the watch
+            assert kueue_job.owner == {"kind": "Job", "name": "nightly-eval-28910400"}
+            assert kueue_job.job == {"kind": "Job", "name": "nightly-eval-28910400"}
+            assert kueue_job.queue == "team-a-eval"
+
+            assert index.info("00000000-0000-0000-0000-000000000000") is None
+            assert index.info(None) is None
+        finally:
+            api.closing.set()  # release the hanging watch so the thread sees the stop
+            index.stop()
+            assert not index.alive
+
+
+def test_forbidden_degrades_to_none_after_one_log_line(caplog):
+    caplog.set_level(logging.DEBUG, logger="oomwatch.workloads.kubeapi")
+    with FakeApiServer(list_status=403) as api:
+        index = PodIndex(NODE, api.client(), retry_seconds=0.02, max_retry_seconds=0.02)
+        index.start()
+        try:
+            assert _wait_for(lambda: len(api.requests) >= 3)
+            assert not index.wait_synced(0)
+            assert index.info(PYTORCH_UID) is None
+            assert index.alive  # keeps retrying in the background
+        finally:
+            index.stop()
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert "cannot list/watch pods" in warnings[0].getMessage()
+
+
+def test_unreachable_api_server_degrades_too(caplog):
+    config = KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t"))
+    index = PodIndex(NODE, Client(config, trust_env=False), retry_seconds=0.02, max_retry_seconds=0.02)
+    index.start()
+    try:
+        assert not index.wait_synced(0.3)
+        assert index.info(PYTORCH_UID) is None
+    finally:
+        index.stop()
+    assert sum(r.levelno >= logging.WARNING for r in caplog.records) == 1
+
+
+def test_no_in_cluster_config_means_no_index(monkeypatch, caplog, tmp_path):
+    caplog.set_level(logging.INFO, logger="oomwatch.workloads.kubeapi")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert PodIndex.from_environment(NODE) is None
+    assert len(caplog.records) == 1
+    # in a pod, but without a service account token mounted
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    assert kubeapi.in_cluster_client(service_account_dir=str(tmp_path)) is None
+
+
+def test_in_cluster_needs_a_node_name(monkeypatch):
+    monkeypatch.setattr(kubeapi, "in_cluster_client", lambda: object())  # pretend the service account works
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert PodIndex.from_environment() is None
+    monkeypatch.setenv("NODE_NAME", NODE)
+    index = PodIndex.from_environment()
+    assert index is not None and index.node_name == NODE
+    assert PodIndex.from_environment("other-node").node_name == "other-node"
+
+
+def test_deleted_pods_expire_after_retention():
+    now = [1000.0]
+    index = PodIndex(NODE, client=None, retention_seconds=600, clock=lambda: now[0])
+    pod = {"metadata": {"uid": REDIS_UID, "namespace": "default", "name": "redis-7d9f8b6c5-x2k4q"}}
+    other = {"metadata": {"uid": BARE_UID, "namespace": "default", "name": "debug-shell"}}
+    index.apply("ADDED", pod)
+    index.apply("DELETED", pod)
+    now[0] += 599
+    index.apply("ADDED", other)
+    assert index.info(REDIS_UID) is not None
+    now[0] += 2
+    index.apply("MODIFIED", other)
+    assert index.info(REDIS_UID) is None
+    assert index.info(BARE_UID) is not None
+
+
+def test_relist_marks_vanished_pods_deleted():
+    now = [0.0]
+    index = PodIndex(NODE, client=None, retention_seconds=10, clock=lambda: now[0])
+    index.replace_all([{"metadata": {"uid": REDIS_UID, "namespace": "default", "name": "redis"}}])
+    now[0] = 5
+    index.replace_all([{"metadata": {"uid": BARE_UID, "namespace": "default", "name": "debug-shell"}}])
+    assert index.info(REDIS_UID) is not None  # gone from the list, kept for the retention time
+    now[0] = 16
+    index.replace_all([{"metadata": {"uid": BARE_UID, "namespace": "default", "name": "debug-shell"}}])
+    assert index.info(REDIS_UID) is None
+    assert len(index) == 1
+
+
+# --- pure parsers ----------------------------------------------------------------------------------
+
+
+def _owner(kind: str, name: str, controller: Optional[bool] = True) -> dict[str, Any]:
+    ref: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "name": name, "uid": "u"}
+    if controller is not None:
+        ref["controller"] = controller
+    return ref
+
+
+def test_controlling_owner_ignores_non_controllers():
+    metadata = {"ownerReferences": [_owner("ConfigMap", "cm", controller=None), _owner("Node", "n", False),
+                                    _owner("StatefulSet", "db")]}
+    assert controlling_owner(metadata) == {"kind": "StatefulSet", "name": "db"}
+    assert controlling_owner({"ownerReferences": [_owner("ConfigMap", "cm", controller=None)]}) is None
+    assert controlling_owner({}) is None
+    assert controlling_owner({"ownerReferences": "garbage"}) is None
+
+
+@pytest.mark.parametrize(
+    "labels,annotations,owner,job",
+    [
+        # Kubeflow Trainer v2: the TrainJob runs as a JobSet; the TrainJob is the user's object
+        ({"trainer.kubeflow.org/trainjob-name": "llm-ft", "jobset.sigs.k8s.io/jobset-name": "llm-ft"}, {},
+         {"kind": "Job", "name": "llm-ft-node-0"}, {"kind": "TrainJob", "name": "llm-ft"}),
+        ({"jobset.sigs.k8s.io/jobset-name": "pretrain"}, {}, {"kind": "Job", "name": "pretrain-workers-0"},
+         {"kind": "JobSet", "name": "pretrain"}),
+        ({"training.kubeflow.org/job-name": "mnist", "training.kubeflow.org/operator-name": "tfjob-controller"}, {},
+         {"kind": "TFJob", "name": "mnist"}, {"kind": "TFJob", "name": "mnist"}),
+        ({"training.kubeflow.org/job-name": "hvd", "training.kubeflow.org/operator-name": "mpi-operator"}, {},
+         {"kind": "MPIJob", "name": "hvd"}, {"kind": "MPIJob", "name": "hvd"}),
+        ({"training.kubeflow.org/job-name": "xgb", "training.kubeflow.org/operator-name": "xgboostjob-controller"},
+         {}, None, {"kind": "XGBoostJob", "name": "xgb"}),
+        ({"training.kubeflow.org/job-name": "p", "training.kubeflow.org/operator-name": "paddlejob-controller"}, {},
+         None, {"kind": "PaddleJob", "name": "p"}),
+        # an operator name we do not know: the owner's kind when it is a training job, else generic
+        ({"training.kubeflow.org/job-name": "j", "training.kubeflow.org/operator-name": "new-controller"}, {},
+         {"kind": "PyTorchJob", "name": "j"}, {"kind": "PyTorchJob", "name": "j"}),
+        ({"training.kubeflow.org/job-name": "j"}, {}, None, {"kind": "KubeflowJob", "name": "j"}),
+        # pre-2021 operators
+        ({"group-name": "kubeflow.org", "job-name": "dist-mnist", "tf-job-name": "dist-mnist"}, {},
+         {"kind": "TFJob", "name": "dist-mnist"}, {"kind": "TFJob", "name": "dist-mnist"}),
+        ({"group-name": "kubeflow.org", "job-name": "resnet", "pytorch-job-name": "resnet"}, {}, None,
+         {"kind": "PyTorchJob", "name": "resnet"}),
+        ({"group-name": "kubeflow.org", "job-name": "old"}, {}, {"kind": "PyTorchJob", "name": "old"},
+         {"kind": "PyTorchJob", "name": "old"}),
+        # a batch Job's own `job-name` label is not a Kubeflow job
+        ({"job-name": "backup-28910400", "batch.kubernetes.io/job-name": "backup-28910400"}, {},
+         {"kind": "Job", "name": "backup-28910400"}, None),
+        # owned directly by a training job, labels aside
+        ({}, {}, {"kind": "RayJob", "name": "tune"}, {"kind": "RayJob", "name": "tune"}),
+        # Determined: the allocation id in the `determined` label
+        ({"determined": "7.0b9e1c2d-4f3a-4e5b-8c6d-7e8f9a0b1c2d.1"}, {}, None,
+         {"kind": "Determined", "name": "7.0b9e1c2d-4f3a-4e5b-8c6d-7e8f9a0b1c2d.1"}),
+        # Kueue: plain pod groups, and queued Jobs
+        ({"kueue.x-k8s.io/queue-name": "q", "kueue.x-k8s.io/pod-group-name": "sweep-3"}, {}, None,
+         {"kind": "PodGroup", "name": "sweep-3"}),
+        ({"kueue.x-k8s.io/queue-name": "q"}, {"kueue.x-k8s.io/workload": "job-eval-1a2b3"},
+         {"kind": "Job", "name": "eval"}, {"kind": "Job", "name": "eval"}),
+        # ordinary workloads have no training job
+        ({"app": "redis"}, {}, {"kind": "ReplicaSet", "name": "redis-7d9f8b6c5"}, None),
+        ({}, {}, None, None),
+    ],
+)
+def test_training_job(labels, annotations, owner, job):
+    assert training_job(labels, annotations, owner) == job
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [{}, {"metadata": None}, {"metadata": {"name": "x", "namespace": "y"}}, {"metadata": {"uid": 5, "name": "x",
+                                                                                       "namespace": "y"}}],
+)
+def test_pod_info_needs_identity(obj):
+    assert pod_info_from_object(obj) is None

@@ -1,0 +1,260 @@
+"""cgroup path → workload: table-driven over real-shaped paths (both cgroup drivers, every QoS class,
+each runtime, crun children, Slurm, systemd), and the CONTRACT `scope` rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from oomwatch.workloads import (
+    container_cgroup_of,
+    identify,
+    is_kubepods_root,
+    kubepods_level,
+    pod_cgroup_of,
+    scope_of,
+)
+
+UID = "0b0c6e1a-7d2f-4c4e-9a1b-3f5e8d2c7a41"
+UID_ = UID.replace("-", "_")
+STATIC_UID = "8e3f2d1c0b9a8f7e6d5c4b3a29180706"  # static pods: an md5 hex, no dashes
+CID = "4f2a9c1e7b3d5f8a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a7c9e0b2d4f6a"
+CID2 = "9d1e7f3a5b8c0d2e4f6a8b1c3d5e7f9a0b2c4d6e8f1a3b5c7d9e0f2a4b6c8d1e"
+
+SD_BURST_POD = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice"
+SD_BE_POD = f"/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{UID_}.slice"
+SD_GUAR_POD = f"/kubepods.slice/kubepods-pod{UID_}.slice"
+FS_BURST_POD = f"/kubepods/burstable/pod{UID}"
+FS_BE_POD = f"/kubepods/besteffort/pod{UID}"
+FS_GUAR_POD = f"/kubepods/pod{UID}"
+
+# (path, type, workload cgroup, pod_uid, container_id, runtime, level)
+KUBERNETES_CASES = [
+    # systemd driver, containerd, each QoS class
+    (f"{SD_BURST_POD}/cri-containerd-{CID}.scope", "k8s-container", f"{SD_BURST_POD}/cri-containerd-{CID}.scope",
+     UID, CID, "containerd", "container"),
+    (f"{SD_BE_POD}/cri-containerd-{CID}.scope", "k8s-container", f"{SD_BE_POD}/cri-containerd-{CID}.scope",
+     UID, CID, "containerd", "container"),
+    (f"{SD_GUAR_POD}/cri-containerd-{CID}.scope", "k8s-container", f"{SD_GUAR_POD}/cri-containerd-{CID}.scope",
+     UID, CID, "containerd", "container"),
+    # cgroupfs driver: bare id (containerd or cri-dockerd: the path cannot say which)
+    (f"{FS_BURST_POD}/{CID}", "k8s-container", f"{FS_BURST_POD}/{CID}", UID, CID, None, "container"),
+    (f"{FS_BE_POD}/{CID}", "k8s-container", f"{FS_BE_POD}/{CID}", UID, CID, None, "container"),
+    (f"{FS_GUAR_POD}/{CID}", "k8s-container", f"{FS_GUAR_POD}/{CID}", UID, CID, None, "container"),
+    # CRI-O, systemd and cgroupfs
+    (f"{SD_BURST_POD}/crio-{CID}.scope", "k8s-container", f"{SD_BURST_POD}/crio-{CID}.scope",
+     UID, CID, "cri-o", "container"),
+    (f"{FS_BURST_POD}/crio-{CID}", "k8s-container", f"{FS_BURST_POD}/crio-{CID}", UID, CID, "cri-o", "container"),
+    # CRI-O's conmon is the pod's, not the container's
+    (f"{SD_BURST_POD}/crio-conmon-{CID}.scope", "k8s-pod", f"{SD_BURST_POD}/crio-conmon-{CID}.scope",
+     UID, None, "cri-o", "conmon"),
+    # docker / cri-dockerd
+    (f"{SD_BURST_POD}/docker-{CID}.scope", "k8s-container", f"{SD_BURST_POD}/docker-{CID}.scope",
+     UID, CID, "docker", "container"),
+    # crun's `container` / `exec` children belong to their container
+    (f"{SD_BURST_POD}/crio-{CID}.scope/container", "k8s-container", f"{SD_BURST_POD}/crio-{CID}.scope",
+     UID, CID, "cri-o", "container"),
+    (f"{SD_GUAR_POD}/cri-containerd-{CID}.scope/exec", "k8s-container", f"{SD_GUAR_POD}/cri-containerd-{CID}.scope",
+     UID, CID, "containerd", "container"),
+    (f"{FS_BURST_POD}/{CID}/container/nested", "k8s-container", f"{FS_BURST_POD}/{CID}", UID, CID, None,
+     "container"),
+    # the pod cgroup itself
+    (SD_BURST_POD, "k8s-pod", SD_BURST_POD, UID, None, None, "pod"),
+    (SD_GUAR_POD, "k8s-pod", SD_GUAR_POD, UID, None, None, "pod"),
+    (FS_BE_POD, "k8s-pod", FS_BE_POD, UID, None, None, "pod"),
+    (f"/kubepods/burstable/pod{STATIC_UID}", "k8s-pod", f"/kubepods/burstable/pod{STATIC_UID}", STATIC_UID, None,
+     None, "pod"),
+    # kubepods itself (node allocatable) and its QoS classes: "other", but recognisable
+    ("/kubepods.slice", "other", "/kubepods.slice", None, None, None, "node-allocatable"),
+    ("/kubepods", "other", "/kubepods", None, None, None, "node-allocatable"),
+    ("/kubepods.slice/kubepods-burstable.slice", "other", "/kubepods.slice/kubepods-burstable.slice", None, None,
+     None, "qos"),
+    ("/kubepods/besteffort", "other", "/kubepods/besteffort", None, None, None, "qos"),
+    # a cgroupRoot before kubepods: cgroupfs, systemd (kind's kubelet.slice), and kind inside docker
+    (f"/kubelet/kubepods/burstable/pod{UID}/{CID}", "k8s-container", f"/kubelet/kubepods/burstable/pod{UID}/{CID}",
+     UID, CID, None, "container"),
+    (f"/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+     f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope", "k8s-container",
+     f"/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+     f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope", UID, CID, "containerd", "container"),
+    (f"/system.slice/docker-{CID2}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice/"
+     f"cri-containerd-{CID}.scope", "k8s-container",
+     f"/system.slice/docker-{CID2}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice/"
+     f"cri-containerd-{CID}.scope", UID, CID, "containerd", "container"),
+    ("/kubelet.slice/kubelet-kubepods.slice", "other", "/kubelet.slice/kubelet-kubepods.slice", None, None, None,
+     "node-allocatable"),
+]
+
+
+@pytest.mark.parametrize("path,wtype,cgroup,pod_uid,container_id,runtime,level", KUBERNETES_CASES)
+def test_kubernetes_paths(path, wtype, cgroup, pod_uid, container_id, runtime, level):
+    workload = identify(path)
+    assert workload.type == wtype
+    assert workload.cgroup == cgroup
+    assert workload.pod_uid == pod_uid
+    assert workload.container_id == container_id
+    assert workload.runtime == runtime
+    assert kubepods_level(path) == level
+
+
+def test_pod_uid_loses_systemd_underscores():
+    workload = identify(f"{SD_BURST_POD}/cri-containerd-{CID}.scope")
+    assert workload.pod_uid == UID
+    assert "_" not in workload.pod_uid
+
+
+def test_container_records_its_pod_cgroup():
+    assert identify(f"{SD_BE_POD}/crio-{CID}.scope/container").pod_cgroup == SD_BE_POD
+    assert identify(f"{FS_GUAR_POD}/{CID}").pod_cgroup == FS_GUAR_POD
+
+
+@pytest.mark.parametrize(
+    "path,pod,container",
+    [
+        (f"{SD_BURST_POD}/cri-containerd-{CID}.scope/exec", SD_BURST_POD, f"{SD_BURST_POD}/cri-containerd-{CID}.scope"),
+        (SD_GUAR_POD, SD_GUAR_POD, None),
+        (f"{SD_BURST_POD}/crio-conmon-{CID}.scope", SD_BURST_POD, None),
+        ("/kubepods/burstable", None, None),
+        ("/system.slice/containerd.service", None, None),
+        (f"{FS_BE_POD}/{CID}", FS_BE_POD, f"{FS_BE_POD}/{CID}"),
+    ],
+)
+def test_pod_and_container_cgroup_of(path, pod, container):
+    assert pod_cgroup_of(path) == pod
+    assert container_cgroup_of(path) == container
+
+
+def test_is_kubepods_root():
+    assert is_kubepods_root("/kubepods.slice")
+    assert is_kubepods_root("/kubepods/burstable")
+    assert not is_kubepods_root(SD_BURST_POD)
+    assert not is_kubepods_root("/system.slice")
+
+
+# (path, workload cgroup, job, step, task)
+SLURM_CASES = [
+    ("/system.slice/slurmstepd.scope/job_4187/step_0/user/task_0", "/system.slice/slurmstepd.scope/job_4187/step_0",
+     "4187", "0", "0"),
+    ("/system.slice/slurmstepd.scope/job_4187/step_batch/user/task_special",
+     "/system.slice/slurmstepd.scope/job_4187/step_batch", "4187", "batch", "special"),
+    ("/system.slice/slurmstepd.scope/job_4187/step_extern/slurm", "/system.slice/slurmstepd.scope/job_4187/step_extern",
+     "4187", "extern", None),
+    ("/system.slice/slurmstepd.scope/job_90210/step_interactive/user/task_3",
+     "/system.slice/slurmstepd.scope/job_90210/step_interactive", "90210", "interactive", "3"),
+    ("/system.slice/slurmstepd.scope/job_4187/step_12", "/system.slice/slurmstepd.scope/job_4187/step_12",
+     "4187", "12", None),
+    # job level: the job's cgroup is the workload cgroup
+    ("/system.slice/slurmstepd.scope/job_4187", "/system.slice/slurmstepd.scope/job_4187", "4187", None, None),
+    # multiple-slurmd nodes name the scope after the node
+    ("/system.slice/node7_slurmstepd.scope/job_55/step_1/user/task_1",
+     "/system.slice/node7_slurmstepd.scope/job_55/step_1", "55", "1", "1"),
+]
+
+
+@pytest.mark.parametrize("path,cgroup,job,step,task", SLURM_CASES)
+def test_slurm_paths(path, cgroup, job, step, task):
+    workload = identify(path)
+    assert workload.type == "slurm"
+    assert workload.cgroup == cgroup
+    assert (workload.slurm_job, workload.slurm_step, workload.slurm_task) == (job, step, task)
+
+
+def test_slurmstepd_scope_itself_is_a_systemd_unit():
+    workload = identify("/system.slice/slurmstepd.scope/system")
+    assert workload.type == "systemd"
+    assert workload.unit == "slurmstepd.scope"
+
+
+# (path, unit, workload cgroup, runtime, container_id)
+SYSTEMD_CASES = [
+    ("/system.slice/containerd.service", "containerd.service", "/system.slice/containerd.service", None, None),
+    ("/system.slice/postgresql@15-main.service", "postgresql@15-main.service",
+     "/system.slice/postgresql@15-main.service", None, None),
+    ("/user.slice/user-1000.slice/user@1000.service/app.slice/app-gnome-firefox-4211.scope",
+     "app-gnome-firefox-4211.scope",
+     "/user.slice/user-1000.slice/user@1000.service/app.slice/app-gnome-firefox-4211.scope", None, None),
+    ("/user.slice/user-1000.slice/session-3.scope", "session-3.scope", "/user.slice/user-1000.slice/session-3.scope",
+     None, None),
+    ("/user.slice/user-1000.slice", "user-1000.slice", "/user.slice/user-1000.slice", None, None),
+    # a unit that delegates its subtree: the unit's cgroup, not the child's
+    ("/system.slice/buildkitd.service/runc-worker/abc", "buildkitd.service", "/system.slice/buildkitd.service", None,
+     None),
+    ("/system.slice/docker-" + CID + ".scope", "docker-" + CID + ".scope", "/system.slice/docker-" + CID + ".scope",
+     "docker", CID),
+    ("/machine.slice/libpod-" + CID2 + ".scope/container", "libpod-" + CID2 + ".scope",
+     "/machine.slice/libpod-" + CID2 + ".scope", "podman", CID2),
+    ("/init.scope", "init.scope", "/init.scope", None, None),
+]
+
+
+@pytest.mark.parametrize("path,unit,cgroup,runtime,container_id", SYSTEMD_CASES)
+def test_systemd_paths(path, unit, cgroup, runtime, container_id):
+    workload = identify(path)
+    assert workload.type == "systemd"
+    assert workload.unit == unit
+    assert workload.cgroup == cgroup
+    assert workload.runtime == runtime
+    assert workload.container_id == container_id
+
+
+@pytest.mark.parametrize(
+    "path,cgroup",
+    [
+        ("/", "/"),
+        ("", "/"),
+        ("/oomtest", "/oomtest"),
+        ("/oomtest/a/b", "/oomtest/a/b"),
+        ("/batch/job_7", "/batch/job_7"),  # nothing says this job_7 is Slurm's
+        ("/kubepods-extra/pod" + UID, "/kubepods-extra/pod" + UID),
+        ("//oomtest//x/", "/oomtest/x"),
+    ],
+)
+def test_other_paths(path, cgroup):
+    workload = identify(path)
+    assert workload.type == "other"
+    assert workload.cgroup == cgroup
+    assert kubepods_level(path) is None
+
+
+def test_unrecognised_child_of_pod_is_the_pod():
+    path = f"{FS_BURST_POD}/not-a-container"
+    workload = identify(path)
+    assert workload.type == "k8s-pod"
+    assert workload.pod_uid == UID
+    assert workload.cgroup == path
+    assert kubepods_level(path) is None
+
+
+CONTAINER = f"{SD_BURST_POD}/cri-containerd-{CID}.scope"
+
+
+@pytest.mark.parametrize(
+    "victim,oom,constraint,scope",
+    [
+        # global OOMs, whatever the victim
+        (CONTAINER, "/", "global", "node"),
+        (CONTAINER, None, "global", "node"),
+        ("/system.slice/foo.service", "/", "cpuset", "node"),
+        # node allocatable and QoS level: node pressure, though the kernel calls it memcg
+        (CONTAINER, "/kubepods.slice", "memcg", "node"),
+        (CONTAINER, "/kubepods.slice/kubepods-burstable.slice", "memcg", "node"),
+        (f"{FS_BE_POD}/{CID}", "/kubepods", "memcg", "node"),
+        # the container's own limit, also when the victim sits in a crun child
+        (CONTAINER, CONTAINER, "memcg", "container"),
+        (CONTAINER + "/container", CONTAINER, "memcg", "container"),
+        (f"{FS_GUAR_POD}/{CID}", f"{FS_GUAR_POD}/{CID}/", "memcg", "container"),
+        # the pod's limit
+        (CONTAINER, SD_BURST_POD, "memcg", "pod"),
+        (f"{SD_BURST_POD}/crio-conmon-{CID}.scope", SD_BURST_POD, "memcg", "pod"),
+        # a limit inside the container (a crun child with its own limit), or another pod's: "cgroup"
+        (CONTAINER + "/container", CONTAINER + "/container", "memcg", "cgroup"),
+        (CONTAINER, SD_BE_POD, "memcg", "cgroup"),
+        # non-Kubernetes workloads are never container/pod
+        ("/system.slice/slurmstepd.scope/job_1/step_0/user/task_0", "/system.slice/slurmstepd.scope/job_1/step_0",
+         "memcg", "cgroup"),
+        ("/system.slice/foo.service", "/system.slice/foo.service", "memcg", "cgroup"),
+        # the summary was ratelimited away: unknown oom cgroup
+        (CONTAINER, None, "memcg", "cgroup"),
+    ],
+)
+def test_scope_of(victim, oom, constraint, scope):
+    assert scope_of(victim, oom, constraint) == scope
