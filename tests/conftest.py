@@ -16,7 +16,7 @@ FIXTURES = REPO / "fixtures"
 CAPTURES = FIXTURES / "kmsg"
 
 # Fixed clocks for golden output: kernel time 0 of the captured boot, and "now".
-BOOT_TIME = 1795380000.0  # 2026-11-22T17:20:00Z
+BOOT_TIME = 1795380000.0  # 2026-11-22T20:40:00Z
 DETECTED_AT = 1795390000.0
 
 

@@ -1,0 +1,116 @@
+"""The OOM killer's lines, every format from 4.14 to 6.12, on real captured records and documented strings."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from oomwatch.model import (
+    OomAlreadyExiting,
+    OomGroup,
+    OomInvoked,
+    OomKilled,
+    OomMemcgUsage,
+    OomSelected,
+    OomStackTask,
+    OomSummary,
+    OomSuppressed,
+)
+from oomwatch.parse.kmsg import parse_kmsg_record
+from oomwatch.parse.oom import parse_oom_line
+from tests.conftest import CAPTURES, raw_records
+
+# What each real capture holds, counted with grep on the raw files.
+EXPECTED = {
+    "linux-6.1-memcg-scenarios": {"OomInvoked": 4, "OomStackTask": 4, "OomMemcgUsage": 4, "OomSummary": 4,
+                                  "OomKilled": 12, "OomGroup": 3},
+    "linux-6.1-global-oom-group": {"OomInvoked": 1, "OomStackTask": 1, "OomSummary": 1, "OomKilled": 3,
+                                   "OomGroup": 1},
+    "linux-6.1-runc-group-pidns": {"OomInvoked": 1, "OomStackTask": 1, "OomMemcgUsage": 1, "OomSummary": 1,
+                                   "OomKilled": 3, "OomGroup": 1},
+    "linux-6.1-storm-ratelimited": {"OomInvoked": 100, "OomStackTask": 100, "OomMemcgUsage": 100,
+                                    "OomSummary": 100, "OomKilled": 450, "OomGroup": 150, "OomSuppressed": 9},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_record_of_each_capture_is_classified(name) -> None:
+    lines = [parse_oom_line(parse_kmsg_record(raw).text) for raw in raw_records(CAPTURES / f"{name}.kmsg")]
+    counts = Counter(type(x).__name__ for x in lines if x is not None)
+    assert dict(counts) == EXPECTED[name]
+
+
+def test_storm_suppressed_counts_sum_to_what_the_kernel_said() -> None:
+    lines = [parse_oom_line(parse_kmsg_record(raw).text)
+             for raw in raw_records(CAPTURES / "linux-6.1-storm-ratelimited.kmsg")]
+    assert sum(x.count for x in lines if isinstance(x, OomSuppressed)) == 42
+
+
+CASES = [
+    ("python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0",
+     OomInvoked(comm="python3", gfp_mask="0xcc0(GFP_KERNEL)", order=0, oom_score_adj=0)),
+    ("python3 invoked oom-killer: gfp_mask=0x14000c0(GFP_KERNEL), nodemask=(null),  order=0, oom_score_adj=-998",
+     OomInvoked(comm="python3", gfp_mask="0x14000c0(GFP_KERNEL)", order=0, oom_score_adj=-998)),
+    ("CPU: 1 PID: 118 Comm: python3 Not tainted 6.1.0-56-amd64 #1  Debian 6.1.192-2",
+     OomStackTask(pid=118, comm="python3")),
+    ("CPU: 0 UID: 0 PID: 727 Comm: dd Tainted: G        W          6.12.57 #1", OomStackTask(pid=727, comm="dd")),
+    ("memory: usage 65536kB, limit 65536kB, failcnt 739", OomMemcgUsage(usage_bytes=64 << 20, limit_bytes=64 << 20)),
+    ("memory: usage 98304kB, limit 9007199254740988kB, failcnt 0",
+     OomMemcgUsage(usage_bytes=96 << 20, limit_bytes=None)),
+    ("oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/p,task_memcg=/p/c1,"
+     "task=python3,pid=132,uid=0",
+     OomSummary(constraint="memcg", oom_cgroup="/p", task_cgroup="/p/c1", comm="python3", pid=132, uid=0)),
+    ("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0-1,3,global_oom,task_memcg=/e,"
+     "task=my,odd,comm,pid=118,uid=1000",
+     OomSummary(constraint="global", oom_cgroup="/", task_cgroup="/e", comm="my,odd,comm", pid=118, uid=1000)),
+    ("oom-kill:constraint=CONSTRAINT_CPUSET,nodemask=0,cpuset=batch,mems_allowed=0,global_oom,task_memcg=/,"
+     "task=x,pid=2,uid=0",
+     OomSummary(constraint="cpuset", oom_cgroup="/", task_cgroup="/", comm="x", pid=2, uid=0)),
+    ("oom-kill:constraint=CONSTRAINT_MEMORY_POLICY,nodemask=1,cpuset=/,mems_allowed=0-1,global_oom,task_memcg=/a,"
+     "task=x,pid=3,uid=0",
+     OomSummary(constraint="mempolicy", oom_cgroup="/", task_cgroup="/a", comm="x", pid=3, uid=0)),
+    ("Task in /a/b killed as a result of limit of /a",
+     OomSummary(constraint="memcg", oom_cgroup="/a", task_cgroup="/a/b", comm=None, pid=None, uid=None)),
+    ("Memory cgroup out of memory: Killed process 118 (python3) total-vm:219732kB, anon-rss:64936kB, "
+     "file-rss:880kB, shmem-rss:0kB, UID:0 pgtables:196kB oom_score_adj:0",
+     OomKilled(pid=118, comm="python3", oom_kind="memcg", total_vm_bytes=219732 << 10, anon_rss_bytes=64936 << 10,
+               file_rss_bytes=880 << 10, shmem_rss_bytes=0, uid=0, pgtables_bytes=196 << 10, oom_score_adj=0)),
+    ("Out of memory: Killed process 9 (a (b) c) total-vm:1kB, anon-rss:2kB, file-rss:3kB, shmem-rss:4kB, "
+     "UID:1000 pgtables:5kB oom_score_adj:-500",
+     OomKilled(pid=9, comm="a (b) c", oom_kind="global", total_vm_bytes=1024, anon_rss_bytes=2048,
+               file_rss_bytes=3072, shmem_rss_bytes=4096, uid=1000, pgtables_bytes=5120, oom_score_adj=-500)),
+    ("Out of memory (oom_kill_allocating_task): Killed process 5 (x) total-vm:1kB, anon-rss:1kB, file-rss:0kB, "
+     "shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0",
+     OomKilled(pid=5, comm="x", oom_kind="global", total_vm_bytes=1024, anon_rss_bytes=1024, file_rss_bytes=0,
+               shmem_rss_bytes=0, uid=0, pgtables_bytes=4096, oom_score_adj=0)),
+    ("Killed process 4711 (python3) total-vm:219732kB, anon-rss:64936kB, file-rss:880kB, shmem-rss:0kB",
+     OomKilled(pid=4711, comm="python3", oom_kind="unknown", total_vm_bytes=219732 << 10,
+               anon_rss_bytes=64936 << 10, file_rss_bytes=880 << 10, shmem_rss_bytes=0)),
+    ("Memory cgroup out of memory: Kill process 4711 (python3) score 1004 or sacrifice child",
+     OomSelected(pid=4711, comm="python3", score=1004, oom_kind="memcg")),
+    ("Tasks in /kubepods/burstable/pod1/abc are going to be killed due to memory.oom.group set",
+     OomGroup(cgroup="/kubepods/burstable/pod1/abc")),
+    ("Memory cgroup out of memory: OOM victim 724 (sleep) is already exiting. Skip killing the task",
+     OomAlreadyExiting(pid=724, comm="sleep", oom_kind="memcg")),
+    ("oom_kill_process: 7 callbacks suppressed", OomSuppressed(function="oom_kill_process", count=7)),
+]
+
+
+@pytest.mark.parametrize("text,expected", CASES, ids=[c[0][:40] for c in CASES])
+def test_each_kernel_format(text, expected) -> None:
+    assert parse_oom_line(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "net_ratelimit: 3 callbacks suppressed",
+    "CPU: 0 PID: 1 at kernel/foo.c:12 bar+0x1/0x2",
+    "Killed process",
+    "Memory cgroup out of memory: Killed process abc (x) total-vm:",
+    "oom-kill:constraint=garbled",
+    "Tasks state (memory values in pages):",
+    "",
+    "memory: usage lots",
+])
+def test_non_oom_and_truncated_lines_are_not_oom_records(text) -> None:
+    assert parse_oom_line(text) is None
