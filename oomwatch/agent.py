@@ -171,16 +171,24 @@ class Agent:
     # --- cgroup watcher callbacks ---------------------------------------------------------------------
 
     def _cgroup_added(self, path: str) -> None:
-        self.resolver.container_appeared(path)
+        names = self.resolver.container_appeared(path)
         workload = self.resolver.resolve(path)
         stats = self.fs.read_stats(path)
         if stats is not None and stats.events_local is not None:
             self._last_local[path] = stats.events_local
         if is_workload_cgroup(path, workload, stats):
-            labels = workload.metric_labels()
-            with self._lock:
-                self._workloads[path] = labels
-            self.store.seen(labels)
+            self._set_labels(path, workload.metric_labels())
+        if names is not None and workload.pod_cgroup in self._workloads:
+            # The pod cgroup appeared before any container could name it: now one can.
+            self._set_labels(workload.pod_cgroup, self.resolver.resolve(workload.pod_cgroup).metric_labels())
+
+    def _set_labels(self, path: str, labels: Labels) -> None:
+        with self._lock:
+            old = self._workloads.get(path)
+            self._workloads[path] = labels
+        self.store.seen(labels)
+        if old is not None and old != labels:
+            self.store.forget_unused(old)
 
     def _cgroup_removed(self, path: str) -> None:
         with self._lock:

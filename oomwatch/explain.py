@@ -44,10 +44,16 @@ def explain(incident: Incident, single_process_oom_kill: str = "unknown") -> str
     collateral = incident.collateral
     group_note = ""
     if incident.kind == "group":
-        if collateral:
-            group_note = f"memory.oom.group=1 on {incident.group_cgroup} also killed {_others(collateral)}"
+        if incident.group_cgroup == w.cgroup:
+            on = "the container" if w.type == "k8s-container" else "its cgroup"
+        elif w.pod_cgroup and incident.group_cgroup == w.pod_cgroup:
+            on = "the pod"
         else:
-            group_note = f"memory.oom.group=1 on {incident.group_cgroup} was set, but no other process was left"
+            on = incident.group_cgroup
+        if collateral:
+            group_note = f"memory.oom.group=1 on {on} also killed {_others(collateral)}"
+        else:
+            group_note = f"memory.oom.group=1 on {on} was set, but no other process was left to kill"
 
     level = kubepods_level(incident.oom_cgroup) if incident.oom_cgroup else None
     if incident.constraint != "memcg" or incident.scope == "node" and level is None:

@@ -131,7 +131,10 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
         policy = read_kubelet_config(config.kubelet_config)
         rows = []
         containers = containers_grouped = 0
-        for path in fs.walk() if os.path.isdir(config.cgroup_root) else ():
+        paths = list(fs.walk()) if os.path.isdir(config.cgroup_root) else []
+        for path in paths:  # containers first: their bundles name their pods too
+            resolver.container_appeared(path)
+        for path in paths:
             workload = resolver.resolve(path)
             stats = fs.read_stats(path, with_pids=True)
             if stats is None:

@@ -201,6 +201,10 @@ class Workload:
         if self.is_kubernetes and self.pod:
             base = f"{self.namespace}/{self.pod}" if self.namespace else self.pod
             return f"{base} {self.container}" if self.container else base
+        if self.is_kubernetes and self.pod_uid:
+            # Names unknown (no runtime bundle, no API): short ids still tell pods and containers apart.
+            base = f"pod {self.pod_uid[:8]}"
+            return f"{base} container {self.container_id[:12]}" if self.container_id else base
         if self.type == "slurm" and self.slurm_job:
             step = f" step {self.slurm_step}" if self.slurm_step else ""
             return f"Slurm job {self.slurm_job}{step}"

@@ -125,6 +125,14 @@ class Store:
             if counters is not None and counters.gone_since is None:
                 counters.gone_since = self._clock()
 
+    def forget_unused(self, labels: Labels) -> None:
+        """Drop a workload's series if nothing was ever counted for it (its labels were provisional: a pod
+        cgroup seen before any of its containers named it)."""
+        with self._lock:
+            c = self._workloads.get(labels)
+            if c is not None and c.last_kill is None and not any(c.kills.values()) and not any(c.killed.values()):
+                del self._workloads[labels]
+
     def expire(self) -> int:
         """Drop workloads gone for longer than the grace period; returns how many."""
         now = self._clock()

@@ -19,6 +19,7 @@ from tests.conftest import (
     BOOT_TIME,
     CAPTURES,
     FIXTURES,
+    REPO,
     SeqpacketKmsg,
     base_url,
     http_get,
@@ -258,7 +259,7 @@ def test_bad_listen_address_is_a_clear_error() -> None:
 
 @pytest.mark.tools
 def test_promtool_finds_nothing_to_complain_about(tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
+    promtool = shutil.which("promtool", path=f"{REPO / '.cache/tools/bin'}:{os.environ.get('PATH', '')}")
     assert promtool, "promtool missing: scripts/test installs Debian's prometheus package"
     kmsg = SeqpacketKmsg()
     kmsg.send(SCENARIOS)

@@ -270,6 +270,8 @@ class RuntimeNames:
         )
         self._max_entries = max_entries
         self._cache: OrderedDict[str, ContainerNames] = OrderedDict()
+        # Pod UID → (namespace, pod), learnt from any of its containers' bundles: names the pod cgroup too.
+        self._pods: OrderedDict[str, tuple[str, str]] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- reading ------------------------------------------------------------------------------------
@@ -330,6 +332,11 @@ class RuntimeNames:
             self._cache.move_to_end(names.container_id)
             while len(self._cache) > self._max_entries:
                 self._cache.popitem(last=False)
+            if names.pod_uid and names.pod and names.namespace:
+                self._pods[names.pod_uid] = (names.namespace, names.pod)
+                self._pods.move_to_end(names.pod_uid)
+                while len(self._pods) > self._max_entries:
+                    self._pods.popitem(last=False)
 
     def _cached(self, container_id: str) -> Optional[ContainerNames]:
         with self._lock:
@@ -355,6 +362,13 @@ class RuntimeNames:
             if names is None:
                 names = self.remember(container_id)
         pod_unnamed = names is None or names.pod is None or names.namespace is None
+        if pod_uid and pod_unnamed:
+            with self._lock:
+                known = self._pods.get(pod_uid)
+            if known is not None:
+                from_pod = ContainerNames(container_id=container_id, namespace=known[0], pod=known[1], pod_uid=pod_uid)
+                names = _merge(names, from_pod) if names is not None else from_pod
+                pod_unnamed = False
         if pod_uid and _SAFE_ID.match(pod_uid) and pod_unnamed:
             pod_dir = self._read_pod_log_dir(pod_uid)
             if pod_dir is not None:
