@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import posixpath
 import signal
 import threading
 import time
@@ -127,6 +128,7 @@ class Agent:
             posture_single=lambda: self._single, cgroup_of_pid=self.cgroup_of_pid,
             oom_cgroup_hint=self.oom_cgroup_hint, clock=clock)
         self._pids: dict[int, str] = {}
+        self._cgns_prefix: Optional[str] = None
         self._pid_snapshot_at: dict[str, float] = {}
         self._last_local: dict[str, dict[str, int]] = {}
         self._oom_at: dict[str, float] = {}
@@ -146,7 +148,24 @@ class Agent:
     def cgroup_of_pid(self, pid: int) -> Optional[str]:
         """The process's cgroup: live from /proc while it still exists (it is being killed right now), else
         what we last saw of it in a cgroup.procs."""
-        return self.proc.cgroup_of(pid) or self._pids.get(pid)
+        path = self.proc.cgroup_of(pid)
+        if path is not None and self._cgns_prefix is not None:
+            path = posixpath.normpath(self._cgns_prefix + "/" + path.lstrip("/"))
+        return path or self._pids.get(pid)
+
+    def _find_cgroup_namespace_prefix(self) -> Optional[str]:
+        """In a container with its own cgroup namespace (the default on cgroup v2), /proc/<pid>/cgroup is
+        relative to the agent's own cgroup (`/../../kubepods/…`), while the kernel log and the mounted host
+        tree use full paths. Our pid's place in the host tree gives the prefix that turns one into the other."""
+        seen_as = self.proc.own_cgroup()
+        host_path = self._pids.get(os.getpid())
+        if seen_as is None or host_path is None or seen_as == host_path:
+            return None
+        if seen_as == "/":
+            return host_path
+        if host_path.endswith(seen_as):
+            return host_path[: -len(seen_as)] or None
+        return None
 
     def _snapshot_pids(self, root: str) -> None:
         with self._lock:
@@ -355,6 +374,10 @@ class Agent:
         for path in self.watcher.start_watching():
             self._cgroup_added(path)
         self._snapshot_pids("/")
+        self._cgns_prefix = self._find_cgroup_namespace_prefix()
+        if self._cgns_prefix:
+            log.info("in a cgroup namespace rooted at %s: /proc/<pid>/cgroup paths are taken relative to it",
+                     self._cgns_prefix)
         self._watcher_thread = threading.Thread(target=self.watcher.run, name="cgroups", daemon=True)
         self._watcher_thread.start()
         self.http = HttpSink(self.config.listen, self.registry, self.store, self.health)

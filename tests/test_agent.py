@@ -268,3 +268,23 @@ def test_promtool_finds_nothing_to_complain_about(tmp_path: Path) -> None:
         _, metrics = http_get(base_url(agent) + "/metrics")
     result = subprocess.run([promtool, "check", "metrics"], input=metrics, capture_output=True)
     assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
+
+
+def test_proc_cgroup_paths_inside_a_cgroup_namespace_are_made_absolute(tmp_path: Path) -> None:
+    # The agent runs in /kubepods/besteffort/podA/agent; its cgroup namespace shows that as "/", and a victim
+    # in another pod as "/../../../burstable/podB/ctr".
+    tree = tmp_path / "cgroup"
+    me = tree / "kubepods/besteffort/podA/agent"
+    me.mkdir(parents=True)
+    (me / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    (tree / "kubepods/burstable/podB/ctr").mkdir(parents=True)
+    proc = tmp_path / "proc"
+    shutil.copytree(GOLDEN / "proc", proc)
+    (proc / "self").mkdir(exist_ok=True)
+    (proc / "self/cgroup").write_text("0::/\n")
+    (proc / "4242").mkdir()
+    (proc / "4242/cgroup").write_text("0::/../../../burstable/podB/ctr\n")
+    kmsg = SeqpacketKmsg()
+    with running_agent(agent_config(tmp_path, cgroup_root=str(tree), proc=str(proc)),
+                       kmsg_factory=kmsg.factory) as agent:
+        assert agent.cgroup_of_pid(4242) == "/kubepods/burstable/podB/ctr"

@@ -117,6 +117,11 @@ class Proc:
         text = cat(f"{self.root}/{pid}/cgroup")
         return parse_proc_pid_cgroup(text) if text is not None else None
 
+    def own_cgroup(self) -> Optional[str]:
+        """This process's cgroup as its own cgroup namespace shows it ("/" inside a container)."""
+        text = cat(f"{self.root}/self/cgroup")
+        return parse_proc_pid_cgroup(text) if text is not None else None
+
     def boot_id(self) -> str:
         return (cat(f"{self.root}/sys/kernel/random/boot_id") or "unknown").strip()
 
