@@ -15,6 +15,7 @@ import posixpath
 import signal
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Iterable, Optional
 
 from prometheus_client import CollectorRegistry
@@ -29,7 +30,7 @@ from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc
 from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, read_saved_log
 from oomwatch.store import Labels, Store, load_state, save_state
-from oomwatch.workloads import WorkloadResolver, scope_of
+from oomwatch.workloads import WorkloadResolver, identify, kubepods_level, scope_of
 from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
 from oomwatch.workloads.runtime import RuntimeNames
 
@@ -48,7 +49,7 @@ def cgroup_version_label(version: str) -> str:
 def is_workload_cgroup(path: str, workload: Workload, stats: Optional[CgroupStats]) -> bool:
     """Which cgroups get their own series: Kubernetes containers and pods, Slurm steps, systemd services
     and scopes, and any other cgroup with memory.oom.group=1 or a memory limit (someone cared)."""
-    if workload.cgroup != path or workload.sandbox:
+    if workload.cgroup != path or workload.sandbox or kubepods_level(path) == "conmon":
         return False
     if workload.type in ("k8s-container", "k8s-pod", "slurm"):
         return True
@@ -57,6 +58,16 @@ def is_workload_cgroup(path: str, workload: Workload, stats: Optional[CgroupStat
     if stats is None:
         return False
     return stats.oom_group == 1 or (stats.limit_bytes is not None and not math.isinf(stats.limit_bytes))
+
+
+def with_effective_oom_group(fs: CgroupFS, workload: Workload, stats: CgroupStats) -> CgroupStats:
+    """Slurm's OOMKillStep sets memory.oom.group on the step's `user` child, not on the step: what decides
+    whether the step dies whole is that child's flag."""
+    if workload.type == "slurm" and workload.slurm_step and not stats.oom_group:
+        child = fs.read_stats(workload.cgroup.rstrip("/") + "/user")
+        if child is not None and child.oom_group:
+            return replace(stats, oom_group=child.oom_group)
+    return stats
 
 
 class NodePosture:
@@ -249,7 +260,7 @@ class Agent:
             stats = self.fs.read_stats(path)
             if stats is not None:
                 seen.add(labels)
-                yield labels, stats
+                yield labels, with_effective_oom_group(self.fs, identify(path), stats)
 
     def health(self) -> tuple[bool, dict]:
         kmsg_ok = self.kmsg_alive and self.kmsg_error is None

@@ -155,7 +155,7 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
         click.echo(json.dumps(jsonable(report), indent=2))
     else:
         use_color = sys.stdout.isatty() if color is None else color
-        click.echo(render_text(report, color=use_color, width=terminal_width()), nl=False)
+        click.echo(render_text(report, color=use_color, width=terminal_width()), nl=False, color=use_color)
     error = (report.get("kmsg") or {}).get("error")
     if error and saved_log:
         raise click.ClickException(f"cannot read the kernel log: {error}")

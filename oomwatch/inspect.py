@@ -13,7 +13,14 @@ import shutil
 import time
 from typing import Any, Iterable, Optional
 
-from oomwatch.agent import NodePosture, cgroup_version_label, host_boot_time, is_workload_cgroup, make_correlator
+from oomwatch.agent import (
+    NodePosture,
+    cgroup_version_label,
+    host_boot_time,
+    is_workload_cgroup,
+    make_correlator,
+    with_effective_oom_group,
+)
 from oomwatch.config import Config
 from oomwatch.correlator import is_within
 from oomwatch.explain import size
@@ -45,13 +52,15 @@ def parse_since(text: str, now: float) -> float:
 
 
 def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
-                   cgroup_of_pid=lambda pid: None, boot_id: str = "unknown") -> tuple[list[Incident], dict]:
+                   cgroup_of_pid=lambda pid: None, boot_id: str = "unknown",
+                   clock=time.time) -> tuple[list[Incident], dict]:
     """Every incident still in the kernel's ring buffer (or in the saved log). Returns (incidents, reader
     health). Raises KmsgUnavailable when the log cannot be read at all."""
     live = is_live_kmsg(config.kmsg)
     boot_time = config.boot_time if config.boot_time is not None else host_boot_time()
     correlator = make_correlator(boot_id=boot_id if live else "saved-log", boot_time=boot_time,
-                                 resolver=resolver, posture_single=lambda: single, cgroup_of_pid=cgroup_of_pid)
+                                 resolver=resolver, posture_single=lambda: single, cgroup_of_pid=cgroup_of_pid,
+                                 clock=clock)
     health = {"source": config.kmsg, "live": live, "records": 0, "lost": 0, "parse_errors": 0,
               "suppressed_reports": 0}
     items: Iterable[Any]
@@ -113,7 +122,7 @@ def _matches(target: Optional[str], container: Optional[str], workload: dict, cg
 
 
 def build_report(config: Config, *, target: Optional[str] = None, container: Optional[str] = None,
-                 since: Optional[float] = None, node_view: bool = True) -> dict[str, Any]:
+                 since: Optional[float] = None, node_view: bool = True, clock=time.time) -> dict[str, Any]:
     """The report as data. `node_view=False` (a saved log from elsewhere) skips this host's posture and
     workloads: they would describe the wrong node."""
     proc = Proc(config.proc)
@@ -146,6 +155,7 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
                 containers_grouped += stats.oom_group == 1
             if not is_workload_cgroup(path, workload, stats):
                 continue
+            stats = with_effective_oom_group(fs, workload, stats)
             rows.append({
                 "cgroup": path,
                 "workload": workload.to_json(),
@@ -200,7 +210,7 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
 
     try:
         incidents, health = read_incidents(config, resolver, single, cgroup_of_pid if node_view else (lambda p: None),
-                                           boot_id=proc.boot_id())
+                                           boot_id=proc.boot_id(), clock=clock)
         report["kmsg"] = health
     except KmsgUnavailable as exc:
         report["kmsg"] = {"source": config.kmsg, "error": str(exc)}
@@ -267,10 +277,10 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         if fields:
             out.append(f"  memory.events: {' '.join(fields)}")
         single = node["single_process_oom_kill"]
-        policy = {"false": "group kill (singleProcessOOMKill=false or unset on cgroup v2)",
+        policy = {"false": "group kill (singleProcessOOMKill false or unset)",
                   "true": "single-process kill (singleProcessOOMKill=true)",
                   "unknown": "unknown (kubelet config not readable at " + node["kubelet_config"] + ")"}[single]
-        out.append(f"  kubelet OOM policy: {policy}")
+        out.extend(_wrap(f"kubelet OOM policy: {policy}", width))
         if node["container_cgroups"]:
             pct = round(100 * node["oom_group_share"])
             out.append(f"  containers with memory.oom.group=1: {node['container_cgroups_oom_group']} of "
@@ -286,16 +296,15 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         rows = report["workloads"]
         out.append(s.bold(f"Workloads ({len(rows)})"))
         if rows:
-            header = f"  {'WORKLOAD':<30} {'GRP':>3} {'LIMIT':>9} {'USAGE':>9} {'PEAK':>9} {'OOM':>4} {'KILL':>4}"
-            out.append(header)
+            out.append(f"  {'WORKLOAD':<26} {'GRP':>3} {'LIMIT':>8} {'USAGE':>8} {'PEAK':>8} {'FREE':>8} "
+                       f"{'OOM':>4} {'KILLS':>5}")
             for r in rows:
                 ev = r["events"]
-                limit = r["limit_bytes"]
                 out.append(
-                    f"  {_fit(r['name'], 30):<30} {'-' if r['oom_group'] is None else r['oom_group']:>3} "
-                    f"{size(limit) if limit is not None else '-':>9} {size(r['usage_bytes']):>9} "
-                    f"{size(r['peak_bytes']) if r['peak_bytes'] is not None else '-':>9} "
-                    f"{ev.get('oom', 0):>4} {ev.get('oom_kill', 0):>4}")
+                    f"  {_fit(r['name'], 26):<26} {'-' if r['oom_group'] is None else r['oom_group']:>3} "
+                    f"{_size_cell(r['limit_bytes']):>8} {_size_cell(r['usage_bytes']):>8} "
+                    f"{_size_cell(r['peak_bytes']):>8} {_size_cell(r['headroom_bytes']):>8} "
+                    f"{ev.get('oom', 0):>4} {ev.get('oom_kill', 0):>5}")
         else:
             out.append("  none found")
         out.append("")
@@ -316,6 +325,12 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
             ex = ", ".join(f"{p['comm']}({p['pid']})" for p in inc["exiting"])
             out.extend(_wrap(f"already exiting, died with it: {ex}", width, indent="    "))
     return "\n".join(out) + "\n"
+
+
+def _size_cell(n: Optional[float]) -> str:
+    if n is None:
+        return "-"
+    return "max" if n == float("inf") else size(n)
 
 
 def _epoch(iso: str) -> float:
