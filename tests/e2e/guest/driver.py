@@ -1,0 +1,1477 @@
+#!/usr/bin/env python3
+"""End-to-end scenario driver. Runs INSIDE the virtme-ng guest, as root, with the project's venv python.
+
+It lays out kubelet-shaped cgroups, runs real runc containers with CRI annotations, causes real OOM kills,
+and records what the kernel did (raw /dev/kmsg records, memory.events, pids alive before/after, when the kill
+happened). Next to that it runs `oomwatch agent` and records what the agent published (/incidents, /metrics,
+events file, log) and how long it took to see each kill. Everything goes to --out, a directory shared with the
+host; the host-side tests (tests/e2e/test_real_kernel.py) compare the two.
+
+The agent may be missing or broken: that is recorded and the scenarios still run, so the kernel's ground truth
+is always produced.
+
+Layout of --out:
+  run.json                  boot id, clock calibration, scenario index, agent start/stop records, timings
+  driver.log                this script's log
+  kmsg-all.raw              every /dev/kmsg record of the boot, raw (`PRI,SEQ,USEC,FLAG;text`)
+  agent/agent.log, agent/events.jsonl, agent/state/ (copied at the end)
+  <scenario>/ground-truth.json, kmsg.raw (the scenario's records), incidents.json, metrics.txt, runc logs
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import socket
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kmsgtruth  # noqa: E402
+
+CG = "/sys/fs/cgroup"
+WORK = "/run/oomwatch-e2e"  # guest-local tmpfs
+AGENT_ADDR = "127.0.0.1:9717"
+CONTAINERD_RUNC_ROOT = "/run/containerd/runc/k8s.io"
+CONTAINERD_TASKS = "/run/containerd/io.containerd.runtime.v2.task/k8s.io"
+CRIO_RUNC_ROOT = "/run/runc"
+CRIO_STORAGE = "/run/containers/storage/overlay-containers"
+
+OUT = ""
+T0 = time.monotonic()
+_log_file = None
+
+
+def log(msg: str) -> None:
+    line = f"[{time.monotonic() - T0:7.2f}s] {msg}"
+    print(line, flush=True)
+    if _log_file:
+        _log_file.write(line + "\n")
+        _log_file.flush()
+
+
+def wfile(path: str, value) -> None:
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+def rfile(path: str, default: str | None = None) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return default
+
+
+def jdump(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+    os.replace(tmp, path)
+
+
+def protect_self() -> None:
+    wfile("/proc/self/oom_score_adj", "-1000")
+
+
+def _preexec_protect() -> None:  # runs in the child before exec: the agent must survive a global OOM
+    try:
+        wfile("/proc/self/oom_score_adj", "-1000")
+    except OSError:
+        pass
+
+
+# ------------------------------------------------------------------------------------------------ kmsg
+class KmsgRecorder(threading.Thread):
+    """Reads /dev/kmsg as it happens (the ring buffer is small) from the start of the buffer, keeps every
+    record, mirrors it raw to kmsg-all.raw."""
+
+    def __init__(self, path: str):
+        super().__init__(daemon=True)
+        self.fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        self.out = open(path, "wb")
+        self.lock = threading.Lock()
+        self.raw: list[tuple[int, bytes]] = []  # (seq, raw record line incl. continuation lines)
+        self.parsed: list[kmsgtruth.Record] = []  # in seq order
+        self.epipe = 0
+        self.stop_evt = threading.Event()
+        self.cond = threading.Condition(self.lock)
+
+    def run(self) -> None:
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        while True:
+            try:
+                rec = os.read(self.fd, 8192)
+            except BlockingIOError:
+                if self.stop_evt.is_set():
+                    break
+                self.out.flush()
+                poller.poll(100)
+                continue
+            except BrokenPipeError:
+                with self.lock:
+                    self.epipe += 1
+                    self.raw.append((-1, b"#EPIPE\n"))
+                self.out.write(b"#EPIPE\n")
+                continue
+            if not rec.endswith(b"\n"):
+                rec += b"\n"
+            try:
+                seq = int(rec.split(b",", 2)[1])
+            except (IndexError, ValueError):
+                seq = -1
+            self.out.write(rec)
+            parsed = kmsgtruth.parse_records(rec)[0]
+            with self.cond:
+                self.raw.append((seq, rec))
+                self.parsed.extend(parsed)
+                self.cond.notify_all()
+        self.out.flush()
+
+    def last_seq(self) -> int:
+        with self.lock:
+            for seq, _ in reversed(self.raw):
+                if seq >= 0:
+                    return seq
+        return -1
+
+    def since(self, seq: int, until: int | None = None) -> bytes:
+        """Raw records with seq in (seq, until], plus the #EPIPE markers among them."""
+        out = []
+        with self.lock:
+            for s, r in self.raw:
+                if s < 0:
+                    if out:
+                        out.append(r)
+                    continue
+                if s > seq and (until is None or s <= until):
+                    out.append(r)
+        return b"".join(out)
+
+    def records_since(self, seq: int) -> list[kmsgtruth.Record]:
+        with self.lock:
+            i = bisect.bisect_right([r.seq for r in self.parsed[-50000:]], seq)
+            return list(self.parsed[-50000:][i:])
+
+    def incidents_since(self, seq: int) -> list[kmsgtruth.Incident]:
+        return kmsgtruth.incidents(self.records_since(seq))
+
+    def wait_quiet(self, quiet: float, timeout: float) -> None:
+        """Wait until no record arrived for `quiet` seconds (or timeout)."""
+        end = time.monotonic() + timeout
+        n = len(self.raw)
+        last_change = time.monotonic()
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            m = len(self.raw)
+            if m != n:
+                n, last_change = m, time.monotonic()
+            elif time.monotonic() - last_change >= quiet:
+                return
+
+    def mark(self, text: str) -> tuple[int, float, float]:
+        """Write a marker record to the kernel log; once read back, returns (its seq, mono before, after)."""
+        before_seq = self.last_seq()
+        t1 = time.monotonic()
+        with open("/dev/kmsg", "w") as f:
+            f.write(f"oomwatch-e2e: {text}\n")
+        t2 = time.monotonic()
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            with self.lock:
+                for seq, r in self.raw:
+                    if seq > before_seq and f"oomwatch-e2e: {text}".encode() in r:
+                        return seq, t1, t2
+            time.sleep(0.02)
+        return -1, t1, t2
+
+    def calibrate(self, text: str) -> dict:
+        """Offset between the kernel log's timestamps and CLOCK_MONOTONIC (seconds)."""
+        seq, t1, t2 = self.mark(text)
+        with self.lock:
+            rec = next((r for s, r in self.raw if s == seq), None)
+        if rec is None:
+            return {"ok": False}
+        usec = int(rec.split(b",", 3)[2])
+        return {
+            "ok": True,
+            "seq": seq,
+            "kmsg_usec": usec,
+            "mono_before": t1,
+            "mono_after": t2,
+            "offset": usec / 1e6 - (t1 + t2) / 2,
+            "uncertainty": (t2 - t1) / 2,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ agent
+class Agent:
+    def __init__(self, exe: str, out: str):
+        self.exe = exe
+        self.dir = os.path.join(out, "agent")
+        os.makedirs(self.dir, exist_ok=True)
+        self.state_dir = os.path.join(WORK, "agent-state")
+        self.events = os.path.join(self.dir, "events.jsonl")
+        self.log_path = os.path.join(self.dir, "agent.log")
+        self.proc: subprocess.Popen | None = None
+        self.starts: list[dict] = []
+        self.stops: list[dict] = []
+        self.healthy = False
+
+    def start(self, timeout: float) -> dict:
+        rec: dict = {"mono": time.monotonic(), "ok": False}
+        self.starts.append(rec)
+        cmd = [
+            self.exe,
+            "agent",
+            "--listen",
+            AGENT_ADDR,
+            "--events-file",
+            self.events,
+            "--state-dir",
+            self.state_dir,
+        ]
+        rec["cmd"] = cmd
+        if not os.access(self.exe, os.X_OK):
+            rec["error"] = f"agent executable {self.exe} missing"
+            log(rec["error"])
+            return rec
+        os.makedirs(self.state_dir, exist_ok=True)
+        logf = open(self.log_path, "ab")
+        logf.write(
+            f"\n===== agent start #{len(self.starts)} at mono {rec['mono']:.3f}: {' '.join(cmd)}\n".encode()
+        )
+        logf.flush()
+        try:
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                preexec_fn=_preexec_protect,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        except OSError as e:
+            rec["error"] = f"cannot start agent: {e}"
+            log(rec["error"])
+            return rec
+        finally:
+            logf.close()
+        rec["pid"] = self.proc.pid
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                rec["error"] = (
+                    f"agent exited with {self.proc.returncode} during startup (see agent/agent.log)"
+                )
+                log(rec["error"])
+                return rec
+            try:
+                code, _ = http_get("/healthz", timeout=2)
+                rec.setdefault("first_http_s", time.monotonic() - rec["mono"])
+                if code == 200:
+                    rec["ok"] = True
+                    rec["startup_seconds"] = time.monotonic() - rec["mono"]
+                    self.healthy = True
+                    log(f"agent pid {self.proc.pid} healthy after {rec['startup_seconds']:.2f}s")
+                    return rec
+                rec["last_healthz"] = code
+            except OSError as e:
+                rec["last_error"] = str(e)
+            time.sleep(0.2)
+        rec["error"] = (
+            f"agent not healthy after {timeout}s (last: {rec.get('last_healthz') or rec.get('last_error')})"
+        )
+        log(rec["error"])
+        return rec
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30) -> dict:
+        rec: dict = {"mono": time.monotonic()}
+        self.stops.append(rec)
+        if self.proc is None:
+            rec["error"] = "not started"
+            return rec
+        if self.proc.poll() is not None:
+            rec["error"] = f"already exited with {self.proc.returncode}"
+            rec["returncode"] = self.proc.returncode
+            return rec
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rec["returncode"] = self.proc.wait(timeout)
+            rec["seconds"] = time.monotonic() - rec["mono"]
+        except subprocess.TimeoutExpired:
+            rec["error"] = f"did not exit within {timeout}s of SIGTERM; killed"
+            self.proc.kill()
+            rec["returncode"] = self.proc.wait()
+        log(f"agent stopped: {rec}")
+        self.healthy = False
+        return rec
+
+    def incidents(self) -> list | None:
+        if not self.alive():
+            return None
+        try:
+            code, body = http_get("/incidents", timeout=3)
+            if code != 200:
+                return None
+            data = json.loads(body)
+            return data if isinstance(data, list) else None
+        except (OSError, ValueError):
+            return None
+
+    def metrics(self) -> str | None:
+        if not self.alive():
+            return None
+        try:
+            code, body = http_get("/metrics", timeout=5)
+            return (
+                body.decode("utf-8", "replace")
+                if code == 200
+                else f"# HTTP {code}\n" + body.decode("utf-8", "replace")
+            )
+        except OSError as e:
+            return f"# error: {e}\n"
+
+
+def http_get(path: str, timeout: float) -> tuple[int, bytes]:
+    """Minimal HTTP/1.0 GET (urllib's imports cost seconds of startup under TCG). Raises OSError."""
+    host, port = AGENT_ADDR.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: {AGENT_ADDR}\r\nConnection: close\r\n\r\n".encode())
+        chunks = []
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            chunks.append(b)
+    data = b"".join(chunks)
+    head, _, body = data.partition(b"\r\n\r\n")
+    try:
+        status = int(head.split(b" ", 2)[1])
+    except (IndexError, ValueError):
+        raise OSError(f"bad HTTP response from {path}: {head[:100]!r}")
+    if b"transfer-encoding: chunked" in head.lower():
+        body = _dechunk(body)
+    return status, body
+
+
+def _dechunk(body: bytes) -> bytes:
+    out, i = [], 0
+    while i < len(body):
+        j = body.find(b"\r\n", i)
+        if j < 0:
+            break
+        n = int(body[i:j].split(b";")[0] or b"0", 16)
+        if n == 0:
+            break
+        out.append(body[j + 2 : j + 2 + n])
+        i = j + 2 + n + 2
+    return b"".join(out)
+
+
+def incident_matches(inc: dict, k: kmsgtruth.Incident) -> bool:
+    if not isinstance(inc, dict):
+        return False
+    if k.seq is not None and inc.get("kernel_seq") == k.seq:
+        return True
+    victim = inc.get("victim") or {}
+    return isinstance(victim, dict) and victim.get("pid") == k.victim_pid and k.victim_pid is not None
+
+
+# ------------------------------------------------------------------------------------------------ containers
+def cg_enable(rel: str) -> None:
+    """Create a cgroup (and parents) with the memory controller enabled for its children."""
+    path = CG
+    parts = [p for p in rel.strip("/").split("/") if p]
+    wfile(f"{CG}/cgroup.subtree_control", "+memory +pids")
+    for p in parts:
+        path = f"{path}/{p}"
+        os.makedirs(path, exist_ok=True)
+        try:
+            wfile(f"{path}/cgroup.subtree_control", "+memory +pids")
+        except OSError:
+            pass
+
+
+def cg_procs(rel: str) -> list[int]:
+    txt = rfile(f"{CG}{rel}/cgroup.procs", "")
+    return [int(x) for x in txt.split()]
+
+
+def cg_events(rel: str) -> dict | None:
+    txt = rfile(f"{CG}{rel}/memory.events")
+    return kmsgtruth.parse_memory_events(txt) if txt is not None else None
+
+
+def cg_snapshot(rel: str) -> dict:
+    return {
+        "exists": os.path.isdir(f"{CG}{rel}"),
+        "memory.events": cg_events(rel),
+        "memory.events.local": kmsgtruth.parse_memory_events(
+            rfile(f"{CG}{rel}/memory.events.local", "") or ""
+        ),
+        "memory.max": (rfile(f"{CG}{rel}/memory.max") or "").strip() or None,
+        "memory.oom.group": (rfile(f"{CG}{rel}/memory.oom.group") or "").strip() or None,
+        "memory.current": (rfile(f"{CG}{rel}/memory.current") or "").strip() or None,
+        "procs": cg_procs(rel),
+    }
+
+
+def proc_info(pid: int) -> dict:
+    stat = rfile(f"/proc/{pid}/stat")
+    if stat is None:
+        return {"pid": pid, "alive": False}
+    state = stat[stat.rfind(")") + 2 :].split()[0]
+    cgroup = (rfile(f"/proc/{pid}/cgroup") or "").strip()
+    return {
+        "pid": pid,
+        "alive": state not in ("Z", "X"),
+        "state": state,
+        "comm": (rfile(f"/proc/{pid}/comm") or "").strip(),
+        "cgroup": cgroup[3:] if cgroup.startswith("0::") else cgroup,
+        "cmdline": (rfile(f"/proc/{pid}/cmdline") or "").replace("\0", " ").strip(),
+    }
+
+
+def rmdir_tree(rel: str) -> None:
+    """Remove a cgroup subtree (deepest first), killing anything left in it."""
+    top = f"{CG}{rel}"
+    if not os.path.isdir(top):
+        return
+    for dirpath, dirnames, _ in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
+        if os.path.exists(f"{dirpath}/cgroup.kill"):
+            try:
+                wfile(f"{dirpath}/cgroup.kill", "1")
+            except OSError:
+                pass
+    time.sleep(0.2)
+    for dirpath, _, _ in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
+        for _ in range(50):
+            try:
+                os.rmdir(dirpath)
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+class Container:
+    """A real runc container laid out as containerd (k8s.io namespace) or CRI-O would lay it out."""
+
+    def __init__(
+        self,
+        sc: "Scenario",
+        runtime: str,
+        cid: str,
+        cgroup: str,
+        args: list[str],
+        annotations: dict,
+        limit: int | None = None,
+        oom_group: int | None = 1,
+        trigger: bool = False,
+        extra_mounts: list | None = None,
+        oom_score_adj: int = 0,
+    ):
+        self.sc, self.runtime, self.id, self.cgroup, self.args = sc, runtime, cid, cgroup, args
+        self.oom_score_adj = oom_score_adj
+        self.annotations, self.limit, self.oom_group, self.trigger = annotations, limit, oom_group, trigger
+        if runtime == "containerd":
+            self.root, self.bundle = CONTAINERD_RUNC_ROOT, f"{CONTAINERD_TASKS}/{cid}"
+        else:
+            self.root, self.bundle = CRIO_RUNC_ROOT, f"{CRIO_STORAGE}/{cid}/userdata"
+        self.fifo_dir = f"{WORK}/trigger/{cid}"
+        self.extra_mounts = extra_mounts or []
+        self.started = False
+
+    def config(self) -> dict:
+        resources: dict = {"unified": {}}
+        if self.limit is not None:
+            # kubelet -> CRI -> OCI: memory.max = limit, swap = limit (memory.swap.max 0)
+            resources["memory"] = {"limit": self.limit, "swap": self.limit}
+        if self.oom_group is not None:
+            resources["unified"]["memory.oom.group"] = str(self.oom_group)
+        mounts = [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]},
+        ]
+        if self.trigger:
+            mounts.append(
+                {
+                    "destination": "/trigger",
+                    "type": "bind",
+                    "source": self.fifo_dir,
+                    "options": ["rbind", "ro"],
+                }
+            )
+        mounts += self.extra_mounts
+        return {
+            "ociVersion": "1.0.2",
+            "process": {
+                "user": {"uid": 0, "gid": 0},
+                "cwd": "/",
+                "env": ["PATH=/bin", "HOSTNAME=" + self.id[:12]],
+                "args": self.args,
+                "noNewPrivileges": True,
+                # as the kubelet asks (without it the processes would inherit the driver's -1000)
+                "oomScoreAdj": self.oom_score_adj,
+            },
+            "root": {"path": self.sc.rootfs, "readonly": True},
+            "hostname": self.id[:12],
+            "mounts": mounts,
+            "annotations": self.annotations,
+            "linux": {
+                "cgroupsPath": self.cgroup,
+                "resources": resources,
+                "namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"}],
+            },
+        }
+
+    def run(self) -> None:
+        os.makedirs(self.bundle, exist_ok=True)
+        if self.trigger:
+            os.makedirs(self.fifo_dir, exist_ok=True)
+            if not os.path.exists(f"{self.fifo_dir}/fifo"):
+                os.mkfifo(f"{self.fifo_dir}/fifo")
+        jdump(f"{self.bundle}/config.json", self.config())
+        shutil.copy(f"{self.bundle}/config.json", f"{self.sc.dir}/config-{self.id[:12]}.json")
+        logp = f"{self.sc.dir}/runc-{self.id[:12]}.log"
+        t = time.monotonic()
+        with open(logp, "ab") as logf:  # a detached runc keeps its stdio: a file, never a pipe
+            r = subprocess.run(
+                [
+                    "runc",
+                    "--root",
+                    self.root,
+                    "run",
+                    "-d",
+                    "--bundle",
+                    self.bundle,
+                    "--pid-file",
+                    f"{self.bundle}/init.pid",
+                    self.id,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=logf,
+                timeout=60,
+            )
+        if r.returncode != 0:
+            raise RuntimeError(f"runc run {self.id[:12]} failed ({r.returncode}): {rfile(logp)}")
+        self.started = True
+        self.init_pid = int((rfile(f"{self.bundle}/init.pid") or "0").strip() or 0)
+        log(
+            f"  runc run {self.runtime} {self.id[:12]} in {self.cgroup} ({time.monotonic() - t:.2f}s), "
+            f"init pid {self.init_pid}"
+        )
+
+    def wait_procs(self, n: int, timeout: float = 30) -> list[int]:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            procs = cg_procs(self.cgroup)
+            if len(procs) >= n:
+                return procs
+            time.sleep(0.05)
+        raise RuntimeError(f"container {self.id[:12]}: expected {n} processes, have {cg_procs(self.cgroup)}")
+
+    def fire(self, timeout: float = 30) -> float:
+        """Release the container's hog (it blocks reading /trigger/fifo). Returns the monotonic time."""
+        end = time.monotonic() + timeout
+        while True:
+            try:
+                fd = os.open(f"{self.fifo_dir}/fifo", os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:  # ENXIO: the reader is not there yet
+                if time.monotonic() > end:
+                    raise RuntimeError(f"container {self.id[:12]} never opened its trigger fifo")
+                time.sleep(0.05)
+        t = time.monotonic()
+        os.write(fd, b"go\n")
+        os.close(fd)
+        return t
+
+    def state(self) -> str:
+        r = subprocess.run(["runc", "--root", self.root, "state", self.id], capture_output=True, text=True)
+        try:
+            return json.loads(r.stdout).get("status", "?")
+        except ValueError:
+            return "unknown"
+
+    def kill(self, sig: str = "KILL") -> None:
+        subprocess.run(["runc", "--root", self.root, "kill", self.id, sig], capture_output=True, timeout=30)
+
+    def delete(self) -> None:
+        if not self.started:
+            return
+        subprocess.run(
+            ["runc", "--root", self.root, "delete", "-f", self.id], capture_output=True, timeout=60
+        )
+        shutil.rmtree(
+            self.bundle if self.runtime == "containerd" else os.path.dirname(self.bundle), ignore_errors=True
+        )
+        self.started = False
+
+
+def k8s_annotations(
+    runtime: str, ctype: str, name: str, pod: str, ns: str, uid: str, cid: str, sandbox_id: str
+) -> dict:
+    if runtime == "containerd":
+        a = {
+            "io.kubernetes.cri.container-type": ctype,
+            "io.kubernetes.cri.sandbox-name": pod,
+            "io.kubernetes.cri.sandbox-namespace": ns,
+            "io.kubernetes.cri.sandbox-uid": uid,
+            "io.kubernetes.cri.sandbox-id": sandbox_id,
+        }
+        if ctype == "container":
+            a["io.kubernetes.cri.container-name"] = name
+            a["io.kubernetes.cri.image-name"] = "docker.io/library/busybox:1.36"
+        return a
+    a = {
+        "io.kubernetes.cri-o.ContainerType": ctype,
+        "io.kubernetes.pod.name": pod,
+        "io.kubernetes.pod.namespace": ns,
+        "io.kubernetes.pod.uid": uid,
+        "io.kubernetes.cri-o.SandboxID": sandbox_id,
+        "io.kubernetes.cri-o.ContainerID": cid,
+        "io.kubernetes.cri-o.Name": f"k8s_{name}_{pod}_{ns}_{uid}_0",
+    }
+    if ctype == "container":
+        a["io.kubernetes.container.name"] = name
+        a["io.kubernetes.cri-o.ContainerName"] = f"k8s_{name}_{pod}_{ns}_{uid}_0"
+        a["io.kubernetes.cri-o.ImageName"] = "docker.io/library/busybox:1.36"
+    else:
+        a["io.kubernetes.container.name"] = "POD"
+    return a
+
+
+def kubelet_oom_score_adj(qos: str, limit: int | None) -> int:
+    """pkg/kubelet/qos/policy.go: Guaranteed -997, BestEffort 1000, Burstable 1000 - 1000*request/capacity
+    clamped to [2, 999] (request taken as half the limit here)."""
+    if qos == "guaranteed":
+        return -997
+    if qos == "besteffort":
+        return 1000
+    capacity = (
+        int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal:"))) * 1024
+    )
+    request = (limit or (32 << 20)) // 2
+    return max(2, min(999, 1000 - (1000 * request) // capacity))
+
+
+def hexid(seed: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
+def uid_for(seed: str) -> str:
+    h = hexid("uid" + seed)
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-8{h[17:20]}-{h[20:32]}"
+
+
+# ------------------------------------------------------------------------------------------------ scenarios
+class Scenario:
+    name = "?"
+    description = ""
+
+    def __init__(self, ctx: "Ctx"):
+        self.ctx = ctx
+        self.rootfs = ctx.rootfs
+        self.dir = os.path.join(ctx.out, self.name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.containers: list[Container] = []
+        self.cleanup_cgroups: list[str] = []
+        self.gt: dict = {
+            "name": self.name,
+            "description": self.description,
+            "workloads": {},
+            "cgroups": {},
+            "pids_before": {},
+            "expect": {},
+            "errors": [],
+        }
+
+    # helpers ---------------------------------------------------------------------------------------------
+    def pod(self, driver: str, qos: str, seed: str, ns: str, pod: str) -> dict:
+        uid = uid_for(seed)
+        if driver == "cgroupfs":
+            path = f"/kubepods/{qos}/pod{uid}" if qos != "guaranteed" else f"/kubepods/pod{uid}"
+        else:
+            u = uid.replace("-", "_")
+            path = (
+                f"/kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{u}.slice"
+                if qos != "guaranteed"
+                else f"/kubepods.slice/kubepods-pod{u}.slice"
+            )
+        cg_enable(path)
+        self.cleanup_cgroups.append(path)
+        return {"driver": driver, "qos": qos, "uid": uid, "namespace": ns, "name": pod, "cgroup": path}
+
+    def container(
+        self, p: dict, runtime: str, name: str, args: list[str], ctype: str = "container", **kw
+    ) -> Container:
+        cid = hexid(f"{self.name}/{p['name']}/{name}")
+        sandbox_id = hexid(f"{self.name}/{p['name']}/POD")
+        if p["driver"] == "cgroupfs":
+            cgroup = f"{p['cgroup']}/{cid}" if runtime == "containerd" else f"{p['cgroup']}/crio-{cid}"
+        else:
+            cgroup = (
+                f"{p['cgroup']}/cri-containerd-{cid}.scope"
+                if runtime == "containerd"
+                else f"{p['cgroup']}/crio-{cid}.scope"
+            )
+        ann = k8s_annotations(
+            runtime,
+            ctype,
+            name,
+            p["name"],
+            p["namespace"],
+            p["uid"],
+            cid,
+            cid if ctype == "sandbox" else sandbox_id,
+        )
+        kw.setdefault(
+            "oom_score_adj", -998 if ctype == "sandbox" else kubelet_oom_score_adj(p["qos"], kw.get("limit"))
+        )
+        c = Container(self, runtime, cid, cgroup, args, ann, **kw)
+        self.containers.append(c)
+        wl = {
+            "type": "k8s-container" if ctype == "container" else "k8s-sandbox",
+            "namespace": p["namespace"],
+            "pod": p["name"],
+            "pod_uid": p["uid"],
+            "container_id": cid,
+            "runtime": runtime,
+            "pod_cgroup": p["cgroup"],
+        }
+        if ctype == "container":
+            wl["container"] = name
+        self.gt["workloads"][cgroup] = wl
+        return c
+
+    def sandbox(self, p: dict, runtime: str) -> Container:
+        c = self.container(p, runtime, "POD", ["sleep", "99999"], ctype="sandbox", oom_group=None)
+        # runc names the sandbox by its own id
+        return c
+
+    def snapshot(self, key: str, cgroups: list[str]) -> None:
+        for rel in cgroups:
+            self.gt["cgroups"].setdefault(rel, {})[key] = cg_snapshot(rel)
+
+    def record_pids_before(self, cgroups: list[str]) -> None:
+        for rel in cgroups:
+            for pid in cg_procs(rel):
+                self.gt["pids_before"][str(pid)] = proc_info(pid)
+
+    def record_pids_after(self) -> None:
+        self.gt["pids_after"] = {pid: proc_info(int(pid)) for pid in self.gt["pids_before"]}
+
+    # the run ---------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def act(self) -> None:
+        raise NotImplementedError
+
+    def cgroups_of_interest(self) -> list[str]:
+        return list(self.gt["workloads"])
+
+    def execute(self) -> dict:
+        ctx = self.ctx
+        t_start = time.monotonic()
+        log(f"=== scenario {self.name}: {self.description}")
+        self.gt["kmsg_seq_start"] = ctx.kmsg.mark(f"scenario {self.name} begin")[0]
+        agent_before = ctx.agent.incidents()
+        self.gt["agent"] = {
+            "running_at_start": ctx.agent.alive(),
+            "incidents_before": None if agent_before is None else len(agent_before),
+        }
+        try:
+            self.setup()
+            self.act()
+        except Exception as e:  # keep going: the other scenarios and the ground truth still matter
+            self.gt["errors"].append(f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
+            log(f"  ERROR in {self.name}: {e}")
+        finally:
+            try:
+                self.finish()
+            except Exception as e:
+                self.gt["errors"].append(f"finish: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                log(f"  ERROR finishing {self.name}: {e}")
+            for c in self.containers:
+                try:
+                    c.delete()
+                except Exception as e:
+                    self.gt["errors"].append(f"delete {c.id}: {e}")
+            for rel in reversed(self.cleanup_cgroups):
+                rmdir_tree(rel)
+            self.gt["seconds"] = time.monotonic() - t_start
+            self.gt["kmsg_seq_end"] = ctx.kmsg.mark(f"scenario {self.name} end")[0]
+            with open(f"{self.dir}/kmsg.raw", "wb") as f:
+                f.write(ctx.kmsg.since(self.gt["kmsg_seq_start"] - 1, self.gt["kmsg_seq_end"]))
+            jdump(f"{self.dir}/ground-truth.json", self.gt)
+            log(
+                f"=== scenario {self.name} done in {self.gt['seconds']:.1f}s, "
+                f"errors: {len(self.gt['errors'])}"
+            )
+        return self.gt
+
+    def finish(self) -> None:
+        pass
+
+    # common pattern: fire a hog, wait for the kernel, record truth, wait for the agent -------------------
+    def oom_and_observe(
+        self,
+        hog: Container,
+        expect_incidents: int = 1,
+        cgroups: list[str] | None = None,
+        watch_agent: bool = True,
+        settle: float = 1.5,
+    ) -> None:
+        ctx = self.ctx
+        cgroups = cgroups or self.cgroups_of_interest()
+        self.record_pids_before(cgroups)
+        self.snapshot("before", cgroups)
+        seq0 = ctx.kmsg.last_seq()
+        self.gt["t_trigger_mono"] = hog.fire()
+        log(f"  fired {hog.id[:12]}")
+        kernel_seen = None
+        agent_seen: dict[int, float] = {}
+        end = time.monotonic() + 60
+        last_count = -1
+        quiet_since = time.monotonic()
+        poll_agent = watch_agent and ctx.agent.alive()
+        while time.monotonic() < end:
+            if ctx.kmsg.last_seq() - seq0 > 20000:
+                self.gt["errors"].append("kernel log flood (>20000 records): stopping the container")
+                log("  kernel log flood: killing the container")
+                hog.kill("KILL")
+                ctx.kmsg.wait_quiet(1, 20)
+                break
+            incs = ctx.kmsg.incidents_since(seq0)
+            if incs and kernel_seen is None:
+                kernel_seen = time.monotonic()
+            n = len(ctx.kmsg.raw)
+            if n != last_count:
+                last_count, quiet_since = n, time.monotonic()
+            if poll_agent:
+                agent_incs = ctx.agent.incidents()
+                now = time.monotonic()
+                if agent_incs is not None:
+                    for i, k in enumerate(incs):
+                        if i not in agent_seen and any(incident_matches(a, k) for a in agent_incs):
+                            agent_seen[i] = now
+            kernel_done = len(incs) >= expect_incidents and time.monotonic() - quiet_since >= settle
+            agent_done = (
+                not poll_agent
+                or len(agent_seen) >= len(incs)
+                or (kernel_done and time.monotonic() - (kernel_seen or 0) > ctx.agent_wait)
+            )
+            if kernel_done and agent_done:
+                break
+            time.sleep(0.05)
+        incs = ctx.kmsg.incidents_since(seq0)
+        self.gt["kernel_seen_mono"] = kernel_seen
+        if len(incs) < expect_incidents:
+            self.gt["errors"].append(
+                f"kernel recorded {len(incs)} OOM incidents, expected {expect_incidents}"
+            )
+        self.gt["kernel_incidents"] = [
+            {
+                "seq": k.seq,
+                "victim_pid": k.victim_pid,
+                "usec": k.usec,
+                "first_kill_usec": k.first_kill_usec,
+                "summary": k.summary(),
+            }
+            for k in incs
+        ]
+        for k in incs:
+            log(f"  kernel: {k.summary()}")
+        lat = []
+        for i, k in enumerate(incs):
+            kill_mono = ctx.kmsg_to_mono(k.first_kill_usec or k.usec)
+            entry = {
+                "seq": k.seq,
+                "victim_pid": k.victim_pid,
+                "kill_mono": kill_mono,
+                "visible_mono": agent_seen.get(i),
+            }
+            if i in agent_seen:
+                entry["latency_seconds"] = agent_seen[i] - kill_mono
+                log(f"  agent saw incident seq={k.seq} after {entry['latency_seconds']:.3f}s")
+            else:
+                log(f"  agent did not publish incident seq={k.seq}")
+            lat.append(entry)
+        self.gt["agent"]["detection"] = lat
+        self.record_after(cgroups)
+
+    def record_after(self, cgroups: list[str]) -> None:
+        time.sleep(0.3)
+        self.snapshot("after", cgroups)
+        self.record_pids_after()
+        self.save_agent_view()
+
+    def save_agent_view(self, suffix: str = "") -> None:
+        ctx = self.ctx
+        incs = ctx.agent.incidents()
+        jdump(f"{self.dir}/incidents{suffix}.json", incs)
+        m = ctx.agent.metrics()
+        with open(f"{self.dir}/metrics{suffix}.txt", "w") as f:
+            f.write(m if m is not None else "# agent not running\n")
+        self.gt["agent"]["running_at_end" + suffix] = ctx.agent.alive()
+        self.gt["agent"]["incidents_after" + suffix] = None if incs is None else len(incs)
+        if os.path.exists(ctx.agent.log_path):
+            shutil.copy(ctx.agent.log_path, f"{self.dir}/agent.log")
+
+
+def sh(script: str) -> list[str]:
+    return ["sh", "-c", script]
+
+
+HOG = "dd if=/dev/zero of=/dev/null bs=300M count=1"
+WAIT_FIFO = "read x < /trigger/fifo"
+
+
+class ContainerGroup(Scenario):
+    name = "a_container_group"
+    description = (
+        "containerd + cgroupfs driver, container limit 64M, memory.oom.group=1 via OCI unified: "
+        "the container's processes are group-killed (its PID 1 included)"
+    )
+
+    def setup(self):
+        p = self.pod("cgroupfs", "burstable", self.name, "ml", "trainer-0")
+        self.gt["pod"] = p
+        self.hog = self.container(
+            p,
+            "containerd",
+            "trainer",
+            sh(f"sleep 600 & sleep 601 & sh -c 'sleep 603 & wait' & {WAIT_FIFO}; {HOG}; wait"),
+            limit=64 << 20,
+            oom_group=1,
+            trigger=True,
+        )
+        self.hog.run()
+        self.hog.wait_procs(5)
+        self.gt["expect"] = {
+            "scope": "container",
+            "kind": "group",
+            "constraint": "memcg",
+            "victim_workload": self.hog.cgroup,
+            "group_cgroup": self.hog.cgroup,
+        }
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
+
+    def cgroups_of_interest(self):
+        return self.gt["cgroups_tracked"]
+
+    def act(self):
+        self.oom_and_observe(self.hog)
+
+
+class SingleSurvivors(Scenario):
+    name = "b_single_survivors"
+    description = (
+        "containerd + cgroupfs, container limit 64M, memory.oom.group=0 (singleProcessOOMKill=true): "
+        "only the hog dies, the other processes keep running"
+    )
+
+    def setup(self):
+        p = self.pod("cgroupfs", "burstable", self.name, "web", "api-7d9f")
+        self.gt["pod"] = p
+        self.hog = self.container(
+            p,
+            "containerd",
+            "api",
+            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
+            limit=64 << 20,
+            oom_group=0,
+            trigger=True,
+        )
+        self.hog.run()
+        self.hog.wait_procs(3)
+        self.gt["expect"] = {
+            "scope": "container",
+            "kind": "single",
+            "constraint": "memcg",
+            "victim_workload": self.hog.cgroup,
+            "group_cgroup": None,
+            "survivor_cgroups": [self.hog.cgroup],
+        }
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
+
+    def cgroups_of_interest(self):
+        return self.gt["cgroups_tracked"]
+
+    def act(self):
+        self.oom_and_observe(self.hog)
+        self.gt["container_state_after"] = self.hog.state()
+
+
+class PodScope(Scenario):
+    name = "c_pod_scope"
+    description = (
+        "containerd + cgroupfs, pod memory.max 96M (pod-level limit), containers unlimited with "
+        "memory.oom.group=1, a sandbox and a sidecar holding 24M: the pod limit is hit, the hog's "
+        "container is group-killed, the sidecar and the sandbox live"
+    )
+
+    def setup(self):
+        p = self.pod("cgroupfs", "burstable", self.name, "batch", "etl-5f6c")
+        wfile(f"{CG}{p['cgroup']}/memory.max", 96 << 20)
+        wfile(f"{CG}{p['cgroup']}/memory.swap.max", 0)
+        self.gt["pod"] = p
+        self.sb = self.sandbox(p, "containerd")
+        self.sb.run()
+        self.side = self.container(
+            p, "containerd", "sidecar", sh("dd if=/dev/zero bs=24M count=1 | sleep 600"), oom_group=1
+        )
+        self.side.run()
+        self.hog = self.container(
+            p, "containerd", "etl", sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"), oom_group=1, trigger=True
+        )
+        self.hog.run()
+        self.side.wait_procs(3)
+        self.hog.wait_procs(2)
+        self.sb.wait_procs(1)
+        # the sidecar must really hold its 24M before the hog goes
+        end = time.monotonic() + 30
+        while (
+            int(rfile(f"{CG}{self.side.cgroup}/memory.current") or 0) < (20 << 20) and time.monotonic() < end
+        ):
+            time.sleep(0.1)
+        self.gt["expect"] = {
+            "scope": "pod",
+            "kind": "group",
+            "constraint": "memcg",
+            "oom_cgroup": p["cgroup"],
+            "victim_workload": self.hog.cgroup,
+            "group_cgroup": self.hog.cgroup,
+            "survivor_cgroups": [self.side.cgroup, self.sb.cgroup],
+        }
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, self.side.cgroup, self.sb.cgroup, p["cgroup"]]
+
+    def cgroups_of_interest(self):
+        return self.gt["cgroups_tracked"]
+
+    def act(self):
+        self.oom_and_observe(self.hog)
+
+
+class SystemdContainerd(Scenario):
+    name = "d1_systemd_containerd"
+    description = (
+        "containerd with the systemd cgroup driver layout (kubepods.slice/.../cri-containerd-<id>.scope, "
+        "made by runc in cgroupfs mode), limit 48M, oom.group=1"
+    )
+
+    def setup(self):
+        p = self.pod("systemd", "burstable", self.name, "default", "worker-abc12")
+        self.gt["pod"] = p
+        self.hog = self.container(
+            p,
+            "containerd",
+            "worker",
+            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
+            limit=48 << 20,
+            oom_group=1,
+            trigger=True,
+        )
+        self.hog.run()
+        self.hog.wait_procs(3)
+        self.gt["expect"] = {
+            "scope": "container",
+            "kind": "group",
+            "constraint": "memcg",
+            "victim_workload": self.hog.cgroup,
+            "group_cgroup": self.hog.cgroup,
+        }
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
+
+    def cgroups_of_interest(self):
+        return self.gt["cgroups_tracked"]
+
+    def act(self):
+        self.oom_and_observe(self.hog)
+
+
+class Crio(Scenario):
+    name = "d2_crio_systemd"
+    description = (
+        "CRI-O layout (kubepods.slice/.../crio-<id>.scope, sibling crio-conmon-<id>.scope, bundle in "
+        "/run/containers/storage/overlay-containers/<id>/userdata), limit 48M, oom.group=1"
+    )
+
+    def setup(self):
+        p = self.pod("systemd", "guaranteed", self.name, "infra", "cache-0")
+        self.gt["pod"] = p
+        self.hog = self.container(
+            p,
+            "crio",
+            "redis",
+            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
+            limit=48 << 20,
+            oom_group=1,
+            trigger=True,
+        )
+        # conmon lives next to the container, in its own scope, and must not die with it
+        self.conmon_cg = f"{p['cgroup']}/crio-conmon-{self.hog.id}.scope"
+        os.makedirs(f"{CG}{self.conmon_cg}", exist_ok=True)
+        self.conmon = subprocess.Popen(
+            ["sleep", "9999"],
+            preexec_fn=lambda: (
+                wfile(f"{CG}{self.conmon_cg}/cgroup.procs", os.getpid()),
+                wfile("/proc/self/oom_score_adj", "-999"),
+            ),
+        )
+        self.hog.run()
+        self.hog.wait_procs(3)
+        self.gt["expect"] = {
+            "scope": "container",
+            "kind": "group",
+            "constraint": "memcg",
+            "victim_workload": self.hog.cgroup,
+            "group_cgroup": self.hog.cgroup,
+            "survivor_cgroups": [self.conmon_cg],
+        }
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, self.conmon_cg, p["cgroup"]]
+
+    def cgroups_of_interest(self):
+        return self.gt["cgroups_tracked"]
+
+    def act(self):
+        self.oom_and_observe(self.hog)
+
+    def finish(self):
+        if getattr(self, "conmon", None):
+            self.conmon.kill()
+            self.conmon.wait()
+
+
+class NotOom(Scenario):
+    name = "f_sigkill_not_oom"
+    description = "a container killed with SIGKILL (runc kill KILL), no OOM: the agent must report nothing"
+
+    def setup(self):
+        p = self.pod("cgroupfs", "burstable", self.name, "ml", "notebook-1")
+        self.gt["pod"] = p
+        self.c = self.container(
+            p, "containerd", "jupyter", sh("sleep 600 & sleep 601 & wait"), limit=64 << 20, oom_group=1
+        )
+        self.c.run()
+        self.c.wait_procs(3)
+        self.gt["expect"] = {"no_incident": True}
+        self.gt["cgroups_tracked"] = [self.c.cgroup, p["cgroup"]]
+
+    def act(self):
+        ctx = self.ctx
+        cgs = self.gt["cgroups_tracked"]
+        # give the agent a chance to see the workload (it exports its counters at 0)
+        end = time.monotonic() + ctx.agent_wait
+        while ctx.agent.alive() and time.monotonic() < end:
+            m = ctx.agent.metrics() or ""
+            if 'container="jupyter"' in m:
+                self.gt["agent"]["workload_seen_after"] = time.monotonic() - (end - ctx.agent_wait)
+                break
+            time.sleep(0.25)
+        self.record_pids_before(cgs)
+        self.snapshot("before", cgs)
+        seq0 = ctx.kmsg.last_seq()
+        self.gt["t_kill_mono"] = time.monotonic()
+        self.c.kill("KILL")
+        end = time.monotonic() + 20
+        while cg_procs(self.c.cgroup) and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(3)  # what an agent would need to (wrongly) report something
+        self.gt["kernel_incidents"] = [k.summary() for k in ctx.kmsg.incidents_since(seq0)]
+        self.record_after(cgs)
+
+
+class Restart(Scenario):
+    name = "g_restart"
+    description = (
+        "the agent is stopped (SIGTERM), two containers OOM (a group kill and a single kill), the "
+        "agent is started again: each incident must be published exactly once"
+    )
+
+    def setup(self):
+        p1 = self.pod("cgroupfs", "burstable", self.name + "1", "ml", "trainer-1")
+        p2 = self.pod("cgroupfs", "guaranteed", self.name + "2", "web", "frontend-2")
+        self.gt["pods"] = [p1, p2]
+        self.h1 = self.container(
+            p1,
+            "containerd",
+            "trainer",
+            sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
+            limit=48 << 20,
+            oom_group=1,
+            trigger=True,
+        )
+        self.h2 = self.container(
+            p2,
+            "containerd",
+            "nginx",
+            sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
+            limit=48 << 20,
+            oom_group=0,
+            trigger=True,
+        )
+        self.h1.run()
+        self.h2.run()
+        self.h1.wait_procs(2)
+        self.h2.wait_procs(2)
+        self.gt["expect"] = {
+            "incidents": [
+                {
+                    "scope": "container",
+                    "kind": "group",
+                    "victim_workload": self.h1.cgroup,
+                    "group_cgroup": self.h1.cgroup,
+                },
+                {
+                    "scope": "container",
+                    "kind": "single",
+                    "victim_workload": self.h2.cgroup,
+                    "group_cgroup": None,
+                },
+            ]
+        }
+        self.gt["cgroups_tracked"] = [self.h1.cgroup, self.h2.cgroup, p1["cgroup"], p2["cgroup"]]
+
+    def act(self):
+        ctx = self.ctx
+        cgs = self.gt["cgroups_tracked"]
+        self.gt["agent"]["stop"] = ctx.agent.stop()
+        self.record_pids_before(cgs)
+        self.snapshot("before", cgs)
+        seq0 = ctx.kmsg.last_seq()
+        self.gt["t_trigger_mono"] = self.h1.fire()
+        end = time.monotonic() + 60
+        while len(ctx.kmsg.incidents_since(seq0)) < 1 and time.monotonic() < end:
+            time.sleep(0.05)
+        self.h2.fire()
+        while len(ctx.kmsg.incidents_since(seq0)) < 2 and time.monotonic() < end:
+            time.sleep(0.05)
+        ctx.kmsg.wait_quiet(1.5, 20)
+        incs = ctx.kmsg.incidents_since(seq0)
+        for k in incs:
+            log(f"  kernel (agent stopped): {k.summary()}")
+        self.gt["kernel_incidents"] = [
+            {
+                "seq": k.seq,
+                "victim_pid": k.victim_pid,
+                "usec": k.usec,
+                "first_kill_usec": k.first_kill_usec,
+                "summary": k.summary(),
+            }
+            for k in incs
+        ]
+        self.snapshot("after", cgs)
+        self.record_pids_after()
+        start = ctx.agent.start(ctx.agent_start_timeout)
+        self.gt["agent"]["restart"] = start
+        seen: dict[int, float] = {}
+        if start.get("ok"):
+            end = time.monotonic() + ctx.agent_wait
+            while time.monotonic() < end and len(seen) < len(incs):
+                agent_incs = ctx.agent.incidents() or []
+                for i, k in enumerate(incs):
+                    if i not in seen and any(incident_matches(a, k) for a in agent_incs):
+                        seen[i] = time.monotonic()
+                time.sleep(0.1)
+            time.sleep(2)  # duplicates, if any, would show up now
+        self.gt["agent"]["detection"] = [
+            {
+                "seq": k.seq,
+                "victim_pid": k.victim_pid,
+                "kill_mono": ctx.kmsg_to_mono(k.first_kill_usec or k.usec),
+                "visible_mono": seen.get(i),
+                "after_restart_seconds": (seen[i] - start["mono"]) if i in seen else None,
+            }
+            for i, k in enumerate(incs)
+        ]
+        self.save_agent_view()
+
+
+class GlobalOom(Scenario):
+    name = "e_global_oom"
+    description = (
+        "no cgroup limit anywhere: a besteffort container (oom.group=1) eats the guest's memory, the "
+        "kernel's global OOM killer group-kills it; the agent (oom_score_adj -1000) keeps running"
+    )
+
+    def setup(self):
+        p = self.pod("cgroupfs", "besteffort", self.name, "data", "loader-9")
+        self.gt["pod"] = p
+        mem_total_kb = int(
+            next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
+        )
+        bs_kb = mem_total_kb - 8 * 1024  # passes the overcommit heuristic, cannot fit
+        self.gt["hog_kb"] = bs_kb
+        self.hog = self.container(
+            p,
+            "containerd",
+            "loader",
+            sh(
+                f"sleep 600 & sleep 601 & {WAIT_FIFO}; dd if=/dev/zero of=/dev/null bs={bs_kb}k count=1; wait"
+            ),
+            limit=None,
+            oom_group=1,
+            trigger=True,
+        )
+        self.hog.run()
+        self.hog.wait_procs(3)
+        self.gt["expect"] = {
+            "scope": "node",
+            "kind": "group",
+            "constraint": "global",
+            "oom_cgroup": "/",
+            "victim_workload": self.hog.cgroup,
+            "group_cgroup": self.hog.cgroup,
+        }
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
+
+    def cgroups_of_interest(self):
+        return self.gt["cgroups_tracked"]
+
+    def act(self):
+        self.oom_and_observe(self.hog, settle=3)
+        self.gt["agent"]["alive_after_global_oom"] = self.ctx.agent.alive()
+        try:
+            self.gt["agent"]["healthz_after_global_oom"] = http_get("/healthz", timeout=5)[0]
+        except OSError as e:
+            self.gt["agent"]["healthz_after_global_oom"] = str(e)
+
+
+SCENARIOS = [ContainerGroup, SingleSurvivors, PodScope, SystemdContainerd, Crio, NotOom, Restart, GlobalOom]
+
+
+# ------------------------------------------------------------------------------------------------ main
+class Ctx:
+    def __init__(self, args):
+        self.out = args.out
+        self.rootfs = f"{WORK}/rootfs"
+        self.agent_wait = args.agent_wait
+        self.agent_start_timeout = args.agent_start_timeout
+        self.kmsg = KmsgRecorder(os.path.join(args.out, "kmsg-all.raw"))
+        self.agent = Agent(args.agent, args.out)
+        self.calib: list[dict] = []
+
+    def kmsg_to_mono(self, usec: int) -> float:
+        offs = [c["offset"] for c in self.calib if c.get("ok")]
+        off = sum(offs) / len(offs) if offs else 0.0
+        return usec / 1e6 - off
+
+
+def main() -> int:
+    global OUT, _log_file
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--rootfs", required=True, help="busybox root filesystem for the containers")
+    ap.add_argument("--agent", required=True, help="path of the oomwatch executable")
+    ap.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
+    ap.add_argument("--agent-wait", type=float, default=15.0, help="seconds to wait for the agent to publish")
+    ap.add_argument("--agent-start-timeout", type=float, default=60.0)
+    args = ap.parse_args()
+    OUT = args.out
+    os.makedirs(OUT, exist_ok=True)
+    _log_file = open(os.path.join(OUT, "driver.log"), "a")
+    protect_self()
+    uptime = float(open("/proc/uptime").read().split()[0])
+    run: dict = {
+        "uptime_at_start": uptime,
+        "mono_at_start": T0,
+        "wall_at_start": time.time(),
+        "wall_minus_mono": time.time() - time.monotonic(),
+        "boot_id": open("/proc/sys/kernel/random/boot_id").read().strip(),
+        "kernel": os.uname().release,
+        "btime": None,
+        "scenarios": [],
+        "python": sys.version,
+    }
+    for line in open("/proc/stat"):
+        if line.startswith("btime "):
+            run["btime"] = int(line.split()[1])
+    jdump(os.path.join(OUT, "started.json"), run)
+    log(f"driver up, guest uptime {uptime:.2f}s, kernel {run['kernel']}")
+
+    # the containers' root: a guest-local copy of the busybox rootfs
+    # (busybox + applet links made here: copying the host's tree of links over 9p takes seconds under TCG)
+    t = time.monotonic()
+    root = f"{WORK}/rootfs"
+    shutil.rmtree(root, ignore_errors=True)
+    for d in ("bin", "proc", "dev", "sys", "tmp", "trigger", "run", "etc"):
+        os.makedirs(f"{root}/{d}", exist_ok=True)
+    shutil.copy2(f"{args.rootfs}/bin/busybox", f"{root}/bin/busybox")
+    for name in os.listdir(f"{args.rootfs}/bin"):
+        if name != "busybox":
+            os.symlink("busybox", f"{root}/bin/{name}")
+    for name in ("passwd", "group"):
+        if os.path.exists(f"{args.rootfs}/etc/{name}"):
+            shutil.copy2(f"{args.rootfs}/etc/{name}", f"{root}/etc/{name}")
+    log(f"container rootfs ready in {time.monotonic() - t:.2f}s")
+    wfile(f"{CG}/cgroup.subtree_control", "+memory +pids")
+    run["runc_version"] = subprocess.run(["runc", "--version"], capture_output=True, text=True).stdout
+
+    ctx = Ctx(args)
+    ctx.kmsg.start()
+    ctx.calib.append(ctx.kmsg.calibrate("calibrate start"))
+    run["calibration"] = ctx.calib
+    run["agent_start"] = ctx.agent.start(args.agent_start_timeout)
+
+    wanted = [s for s in args.only.split(",") if s]
+    for cls in SCENARIOS:
+        if wanted and cls.name not in wanted and cls.name.split("_")[0] not in wanted:
+            continue
+        sc = cls(ctx)
+        gt = sc.execute()
+        run["scenarios"].append({"name": sc.name, "errors": len(gt["errors"]), "seconds": gt.get("seconds")})
+        run["agent_starts"] = ctx.agent.starts
+        jdump(os.path.join(OUT, "run.json"), run)
+        proc = ctx.agent.proc
+        if proc is not None and proc.poll() is not None and len(ctx.agent.starts) < 5:
+            # a crashed agent gets another chance, so one bug does not hide the next scenarios' results
+            log(f"agent is dead (exit {proc.returncode}) after {sc.name}; restarting it")
+            run.setdefault("agent_crashes", []).append({"after": sc.name, "returncode": proc.returncode})
+            ctx.agent.start(args.agent_start_timeout)
+
+    ctx.calib.append(ctx.kmsg.calibrate("calibrate end"))
+    run["final_metrics_saved"] = False
+    m = ctx.agent.metrics()
+    if m is not None:
+        with open(os.path.join(OUT, "metrics-final.txt"), "w") as f:
+            f.write(m)
+        run["final_metrics_saved"] = True
+    jdump(os.path.join(OUT, "incidents-final.json"), ctx.agent.incidents())
+    run["agent_final_stop"] = ctx.agent.stop()
+    run["agent_starts"] = ctx.agent.starts
+    run["agent_stops"] = ctx.agent.stops
+    if os.path.isdir(ctx.agent.state_dir):
+        shutil.copytree(ctx.agent.state_dir, os.path.join(OUT, "agent", "state"), dirs_exist_ok=True)
+    time.sleep(0.3)
+    ctx.kmsg.stop_evt.set()
+    ctx.kmsg.join(5)
+    run["kmsg_epipe"] = ctx.kmsg.epipe
+    run["driver_seconds"] = time.monotonic() - T0
+    jdump(os.path.join(OUT, "run.json"), run)
+    log(f"driver done in {run['driver_seconds']:.1f}s")
+    with open(os.path.join(OUT, "done"), "w") as f:
+        f.write("ok\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,431 @@
+"""oomwatch against a real Linux kernel and real runc containers (one VM boot for the whole module).
+
+Every expectation is what the kernel recorded in that run (its /dev/kmsg records, read with the small
+independent regexes of tests/e2e/guest/kmsgtruth.py, and memory.events / cgroup.procs read by the guest
+driver), never a count the scenario hoped for: when a group kill reaches a container's PID 1 the kernel tears
+the pid namespace down and the other processes may die unlogged or be logged as "already exiting".
+
+Run: sudo bash scripts/setup-vm && .venv/bin/pytest -m e2e tests/e2e -s   (see docs/e2e.md)
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+
+import pytest
+
+from tests.e2e.conftest import E2ERun, ScenarioRun, select
+
+pytestmark = pytest.mark.e2e
+
+OOM_SCENARIOS = [
+    "a_container_group",
+    "b_single_survivors",
+    "c_pod_scope",
+    "d1_systemd_containerd",
+    "d2_crio_systemd",
+    "e_global_oom",
+]
+MAX_LATENCY = float(os.environ.get("OOMWATCH_E2E_MAX_LATENCY", "5"))
+CONSTRAINT = {
+    "CONSTRAINT_MEMCG": "memcg",
+    "CONSTRAINT_NONE": "global",
+    "CONSTRAINT_CPUSET": "cpuset",
+    "CONSTRAINT_MEMORY_POLICY": "mempolicy",
+}
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def victim_workload(sc: ScenarioRun, k) -> tuple[str | None, dict]:
+    """The scenario's workload whose cgroup holds the victim: its task_memcg or an ancestor of it."""
+    cg = k.task_memcg or ""
+    best = None
+    for wcg in sc.gt["workloads"]:
+        if cg == wcg or cg.startswith(wcg + "/"):
+            if best is None or len(wcg) > len(best):
+                best = wcg
+    return best, sc.gt["workloads"].get(best, {})
+
+
+def expected_scope(sc: ScenarioRun, k) -> str:
+    if k.is_global:
+        return "node"
+    wcg, wl = victim_workload(sc, k)
+    if k.oom_memcg == wcg:
+        return "container"
+    if wl and k.oom_memcg == wl.get("pod_cgroup"):
+        return "pod"
+    return "cgroup"
+
+
+def pid_cgroup(sc: ScenarioRun, k, pid: int) -> str | None:
+    if pid == k.victim_pid:
+        return k.task_memcg
+    info = sc.gt["pids_before"].get(str(pid))
+    return info.get("cgroup") if info else None
+
+
+def agent_matches(incidents: list, k) -> list:
+    out = []
+    for inc in incidents or []:
+        if not isinstance(inc, dict):
+            continue
+        if k.seq is not None and inc.get("kernel_seq") == k.seq:
+            out.append(inc)
+        elif k.seq is None and (inc.get("victim") or {}).get("pid") == k.victim_pid:
+            out.append(inc)
+    return out
+
+
+def parse_time(s: str) -> float:
+    return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
+
+
+def require_agent_view(sc: ScenarioRun, e2e: E2ERun):
+    if sc.incidents is None:
+        starts = e2e.run.get("agent_starts") or []
+        errs = "; ".join(str(s.get("error")) for s in starts if s.get("error"))
+        pytest.fail(
+            f"{sc.name}: the agent did not answer /incidents (agent starts: {errs or 'see agent/agent.log'})"
+        )
+
+
+def check_incident_against_kernel(e2e: E2ERun, sc: ScenarioRun, k, inc: dict) -> list[str]:
+    """Compare one agent incident with the kernel's record of that OOM. Returns the differences."""
+    errs = []
+
+    def eq(what, got, want):
+        if got != want:
+            errs.append(f"{what}: agent {got!r}, kernel {want!r}")
+
+    eq("kernel_seq", inc.get("kernel_seq"), k.seq)
+    eq("boot_id", inc.get("boot_id"), e2e.run.get("boot_id"))
+    eq("kind", inc.get("kind"), k.kind)
+    eq("constraint", inc.get("constraint"), CONSTRAINT.get(k.constraint))
+    eq("oom_cgroup", inc.get("oom_cgroup"), k.oom_memcg)
+    eq("group_cgroup", inc.get("group_cgroup"), k.group_cgroup)
+    eq("scope", inc.get("scope"), expected_scope(sc, k))
+    if k.trigger_pid is not None:
+        eq("trigger", inc.get("trigger"), {"pid": k.trigger_pid, "comm": k.trigger_comm})
+    if k.usage_kb is not None and not k.is_global:
+        eq("memory", inc.get("memory"), {"usage_bytes": k.usage_kb * 1024, "limit_bytes": k.limit_kb * 1024})
+    # killed: every pid the kernel printed a `Killed process` for, victim first, each once
+    killed = inc.get("killed") or []
+    pids = [p.get("pid") for p in killed]
+    if len(pids) != len(set(pids)):
+        errs.append(f"killed lists a pid twice: {pids}")
+    eq("killed pid set", set(pids), k.killed_pids)
+    if pids and pids[0] != k.victim_pid:
+        errs.append(f"killed[0] is {pids[0]}, the kernel's victim is {k.victim_pid}")
+    by_pid = {p.get("pid"): p for p in killed}
+    for pid, line in k.killed.items():
+        got = by_pid.get(pid)
+        if not got:
+            continue
+        want = {
+            "pid": pid,
+            "comm": line.comm,
+            "uid": line.uid,
+            "total_vm_bytes": line.total_vm_kb * 1024,
+            "anon_rss_bytes": line.anon_rss_kb * 1024,
+            "file_rss_bytes": line.file_rss_kb * 1024,
+            "shmem_rss_bytes": line.shmem_rss_kb * 1024,
+            "oom_score_adj": line.oom_score_adj,
+        }
+        cg = pid_cgroup(sc, k, pid)
+        if cg is not None:
+            want["cgroup"] = cg
+        eq(f"killed[{pid}]", {key: got.get(key) for key in want}, want)
+        if pid == k.victim_pid:
+            eq("victim", {key: (inc.get("victim") or {}).get(key) for key in want}, want)
+    # workload of the victim, as the CRI annotations in the bundle named it
+    wcg, wl = victim_workload(sc, k)
+    w = inc.get("workload") or {}
+    want_w = {
+        "type": "k8s-container",
+        "namespace": wl.get("namespace"),
+        "pod": wl.get("pod"),
+        "container": wl.get("container"),
+        "pod_uid": wl.get("pod_uid"),
+        "container_id": wl.get("container_id"),
+    }
+    eq("workload", {key: w.get(key) for key in want_w}, want_w)
+    # time: kernel timestamp of the summary on the wall clock
+    try:
+        t = parse_time(inc["time"])
+        want_t = e2e.kmsg_to_wall(k.usec)
+        if abs(t - want_t) > 1.5:
+            errs.append(
+                f"time: agent {inc['time']}, kernel record at "
+                f"{datetime.fromtimestamp(want_t, timezone.utc).isoformat()}"
+            )
+    except (KeyError, TypeError, ValueError) as e:
+        errs.append(f"time: {e!r}")
+    if not isinstance(inc.get("explanation"), str) or not inc.get("explanation"):
+        errs.append("explanation missing")
+    return errs
+
+
+# ----------------------------------------------------------------------------------------- the run itself
+def test_vm_run_completed(e2e: E2ERun):
+    res = e2e.result
+    if res is not None:
+        assert not res.timed_out, (
+            f"VM run timed out after {res.seconds:.0f}s; console tail:\n{res.console[-3000:]}"
+        )
+    assert (e2e.dir / "done").exists(), f"guest driver did not finish; see {e2e.dir}/driver.log, console.txt"
+    errors = {n: sc.gt["errors"] for n, sc in e2e.scenarios.items() if sc.gt["errors"]}
+    assert not errors, f"scenario errors in the guest: {errors}"
+    assert e2e.run.get("kmsg_epipe") == 0, "the guest's kmsg recorder lost records"
+
+
+# ----------------------------------------------------------------------------------------- kernel side
+@pytest.mark.parametrize("name", OOM_SCENARIOS)
+def test_kernel_did_what_the_scenario_set_up(e2e: E2ERun, name: str):
+    """The scenario really produced the OOM it is about (validates the ground truth, not the agent)."""
+    sc = e2e.scenario(name)
+    exp = sc.gt["expect"]
+    assert len(sc.kernel) == 1, [k.summary() for k in sc.kernel]
+    k = sc.kernel[0]
+    assert k.seq is not None, "oom-kill: summary missing"
+    assert CONSTRAINT[k.constraint] == exp["constraint"]
+    assert k.kind == exp["kind"]
+    assert k.group_cgroup == exp["group_cgroup"]
+    wcg, _ = victim_workload(sc, k)
+    assert wcg == exp["victim_workload"]
+    assert expected_scope(sc, k) == exp["scope"]
+    if "oom_cgroup" in exp:
+        assert k.oom_memcg == exp["oom_cgroup"]
+    # memory.events: the kernel's own counters agree with its log
+    ev = sc.gt["cgroups"][exp["victim_workload"]]["after"]["memory.events"]
+    assert ev["oom_kill"] >= 1
+    if not k.is_global:
+        assert sc.gt["cgroups"][k.oom_memcg]["after"]["memory.events"]["oom"] >= 1
+    if k.kind == "group":
+        assert sc.gt["cgroups"][k.group_cgroup]["after"]["memory.events"].get("oom_group_kill", 1) >= 1
+        # nothing of the group cgroup is left alive
+        assert sc.gt["cgroups"][k.group_cgroup]["after"]["procs"] == []
+    for cg in exp.get("survivor_cgroups", []):
+        before = sc.gt["cgroups"][cg]["before"]["procs"]
+        assert before and sc.gt["cgroups"][cg]["after"]["procs"] == before, cg
+
+
+# ----------------------------------------------------------------------------------------- agent vs kernel
+@pytest.mark.parametrize("name", OOM_SCENARIOS)
+def test_agent_incident_matches_kernel(e2e: E2ERun, name: str):
+    sc = e2e.scenario(name)
+    assert sc.kernel, "the kernel recorded no OOM kill in this scenario"
+    require_agent_view(sc, e2e)
+    problems = []
+    for k in sc.kernel:
+        found = agent_matches(sc.incidents, k)
+        if len(found) != 1:
+            problems.append(f"kernel incident {k.summary()}: agent published {len(found)} incidents for it")
+            continue
+        problems += [f"seq {k.seq}: {p}" for p in check_incident_against_kernel(e2e, sc, k, found[0])]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", OOM_SCENARIOS)
+def test_agent_metrics_match_kernel(e2e: E2ERun, name: str):
+    sc = e2e.scenario(name)
+    assert sc.metrics_text is not None, "no /metrics from the agent"
+    m = sc.metrics
+    problems = []
+    for k in sc.kernel:
+        wcg, wl = victim_workload(sc, k)
+        ids = {"namespace": wl["namespace"], "pod": wl["pod"], "container": wl["container"]}
+
+        def val(metric, **labels):
+            s = select(m, metric, **ids, **labels)
+            return sum(x.value for x in s) if s else None
+
+        got = {
+            "kills[kind]": val("oomwatch_oom_kills_total", kind=k.kind),
+            "kills[other kind]": val(
+                "oomwatch_oom_kills_total", kind="single" if k.kind == "group" else "group"
+            ),
+            "victims": val("oomwatch_oom_killed_processes_total", role="victim"),
+            "collateral": val("oomwatch_oom_killed_processes_total", role="collateral"),
+        }
+        # collateral counted per workload: the killed pids that were in the victim's container
+        same = [p for p in k.killed_pids if p != k.victim_pid and (pid_cgroup(sc, k, p) in (None, wcg))]
+        want = {"kills[kind]": 1, "kills[other kind]": 0, "victims": 1, "collateral": len(same)}
+        if got != want:
+            problems.append(f"{ids}: {got} != kernel {want}")
+        after = sc.gt["cgroups"][wcg]["after"]
+        for event in ("oom_kill", "oom_group_kill", "oom", "max"):
+            if after["memory.events"] and event in after["memory.events"]:
+                g = val("oomwatch_memory_events_total", event=event)
+                if g != after["memory.events"][event]:
+                    problems.append(
+                        f"memory_events_total{{event={event}}}: agent {g}, memory.events "
+                        f"{after['memory.events'][event]}"
+                    )
+        og = val("oomwatch_memory_oom_group")
+        if after["memory.oom.group"] is not None and og != float(after["memory.oom.group"]):
+            problems.append(f"memory_oom_group: agent {og}, cgroup {after['memory.oom.group']}")
+        ts = val("oomwatch_last_oom_kill_timestamp_seconds")
+        if ts is None or abs(ts - e2e.kmsg_to_wall(k.usec)) > 1.5:
+            problems.append(
+                f"last_oom_kill_timestamp_seconds: agent {ts}, kernel {e2e.kmsg_to_wall(k.usec):.3f}"
+            )
+    # workloads that lost nothing are exported at 0
+    for cg, wl in sc.gt["workloads"].items():
+        if wl["type"] != "k8s-container" or any(victim_workload(sc, k)[0] == cg for k in sc.kernel):
+            continue
+        s = select(
+            m, "oomwatch_oom_kills_total", namespace=wl["namespace"], pod=wl["pod"], container=wl["container"]
+        )
+        if not s or any(x.value != 0 for x in s):
+            problems.append(
+                f"untouched workload {wl['container']}: oom_kills_total {[(x.labels, x.value) for x in s]}"
+            )
+    assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------------------- survivors
+@pytest.mark.parametrize("name", ["b_single_survivors", "c_pod_scope", "d2_crio_systemd"])
+def test_survivors_alive_and_not_reported(e2e: E2ERun, name: str):
+    sc = e2e.scenario(name)
+    assert sc.kernel
+    killed = set().union(*(k.killed_pids for k in sc.kernel))
+    survivors = [int(p) for p in sc.gt["pids_before"] if int(p) not in killed]
+    if name == "b_single_survivors":
+        assert len(survivors) == len(sc.gt["pids_before"]), "single kill: every process but the hog survives"
+    else:
+        cgs = sc.gt["expect"]["survivor_cgroups"]
+        survivors = [p for p in survivors if sc.gt["pids_before"][str(p)]["cgroup"] in cgs]
+    assert survivors
+    dead = [sc.gt["pids_before"][str(p)] for p in survivors if not sc.gt["pids_after"][str(p)]["alive"]]
+    assert not dead, f"processes the kernel did not kill are gone: {dead}"
+    require_agent_view(sc, e2e)
+    reported = {
+        p.get("pid")
+        for inc in sc.incidents
+        for k in sc.kernel
+        for m in agent_matches([inc], k)
+        for p in (m.get("killed") or [])
+    }
+    assert not reported & set(survivors), f"agent reports survivors as killed: {reported & set(survivors)}"
+
+
+# ----------------------------------------------------------------------------------------- not an OOM
+def test_sigkill_is_not_an_oom(e2e: E2ERun):
+    sc = e2e.scenario("f_sigkill_not_oom")
+    assert sc.kernel == [], "the kernel logged an OOM kill in the SIGKILL scenario"
+    assert all(not v["alive"] for v in sc.gt["pids_after"].values()), "runc kill did not kill the container"
+    require_agent_view(sc, e2e)
+    a = sc.gt["agent"]
+    assert a["incidents_after"] == a["incidents_before"], (
+        "the agent published an incident for a plain SIGKILL"
+    )
+    pids = {int(p) for p in sc.gt["pids_before"]}
+    assert not [i for i in sc.incidents if (i.get("victim") or {}).get("pid") in pids]
+    wl = next(iter(w for w in sc.gt["workloads"].values() if w["type"] == "k8s-container"))
+    s = select(
+        sc.metrics,
+        "oomwatch_oom_kills_total",
+        namespace=wl["namespace"],
+        pod=wl["pod"],
+        container=wl["container"],
+    )
+    assert s and all(x.value == 0 for x in s), f"oom_kills_total for the SIGKILLed container: {s}"
+
+
+# ----------------------------------------------------------------------------------------- restart
+def test_restart_publishes_each_incident_exactly_once(e2e: E2ERun):
+    sc = e2e.scenario("g_restart")
+    a = sc.gt["agent"]
+    assert a.get("stop", {}).get("returncode") == 0, (
+        f"SIGTERM did not stop the agent cleanly: {a.get('stop')}"
+    )
+    assert len(sc.kernel) == 2, [k.summary() for k in sc.kernel]
+    assert [k.kind for k in sc.kernel] == ["group", "single"]
+    assert a.get("restart", {}).get("ok"), f"the agent did not come back: {a.get('restart')}"
+    require_agent_view(sc, e2e)
+    problems = []
+    for k in sc.kernel:
+        found = agent_matches(sc.incidents, k)
+        if len(found) != 1:
+            problems.append(f"/incidents has {len(found)} incidents for {k.summary()}")
+        else:
+            problems += [f"seq {k.seq}: {p}" for p in check_incident_against_kernel(e2e, sc, k, found[0])]
+        if e2e.events is not None:
+            n = len(agent_matches(e2e.events, k))
+            if n != 1:
+                problems.append(f"events file has {n} incidents for seq {k.seq}")
+    # the incidents of the earlier scenarios are not published again after the restart
+    seqs = [i.get("kernel_seq") for i in sc.incidents]
+    if len(seqs) != len(set(seqs)):
+        problems.append(f"/incidents repeats incidents: {seqs}")
+    assert not problems, "\n".join(problems)
+
+
+def test_events_file_has_every_kernel_incident_exactly_once(e2e: E2ERun):
+    assert e2e.events is not None, "the agent wrote no events file"
+    assert not e2e.events_errors, e2e.events_errors
+    problems = []
+    for k in e2e.all_kernel:
+        n = len(agent_matches(e2e.events, k))
+        if n != 1:
+            problems.append(f"{n} events for {k.summary()}")
+    kernel_seqs = {k.seq for k in e2e.all_kernel}
+    extra = [i.get("kernel_seq") for i in e2e.events if i.get("kernel_seq") not in kernel_seqs]
+    if extra:
+        problems.append(f"events the kernel never logged: seqs {extra}")
+    assert not problems, "\n".join(problems)
+
+
+# ----------------------------------------------------------------------------------------- global OOM
+def test_agent_survives_global_oom(e2e: E2ERun):
+    sc = e2e.scenario("e_global_oom")
+    assert sc.kernel and sc.kernel[0].is_global
+    a = sc.gt["agent"]
+    assert a.get("alive_after_global_oom"), "the agent died in the global OOM"
+    assert a.get("healthz_after_global_oom") == 200
+    assert a.get("running_at_end")
+    killed_comms = {line.comm for k in sc.kernel for line in k.killed.values()}
+    assert "oomwatch" not in killed_comms and "python" not in killed_comms
+
+
+def test_node_metrics_count_every_kernel_incident(e2e: E2ERun):
+    assert e2e.final_metrics is not None, "no final /metrics"
+    want: dict = {}
+    for name, sc in e2e.scenarios.items():
+        for k in sc.kernel:
+            key = (k.kind, expected_scope(sc, k))
+            want[key] = want.get(key, 0) + 1
+    got = {}
+    for s in select(e2e.final_metrics, "oomwatch_node_oom_kills_total"):
+        if s.value:
+            got[(s.labels.get("kind"), s.labels.get("scope"))] = s.value
+    assert got == want
+    info = select(e2e.final_metrics, "oomwatch_node_info")
+    assert (
+        info
+        and info[0].labels.get("kernel") == e2e.run.get("kernel")
+        and info[0].labels.get("cgroup_version") == "2"
+    )
+    lost = select(e2e.final_metrics, "oomwatch_kmsg_lost_records_total")
+    assert lost and lost[0].value == 0
+
+
+# ----------------------------------------------------------------------------------------- latency
+def test_detection_latency(e2e: E2ERun):
+    rows, slow, missing = [], [], []
+    for name in OOM_SCENARIOS:
+        sc = e2e.scenario(name)
+        for d in sc.gt.get("agent", {}).get("detection", []):
+            lat = d.get("latency_seconds")
+            rows.append(
+                f"{name:24s} seq={d['seq']:<6} " + (f"{lat:.3f}s" if lat is not None else "not published")
+            )
+            if lat is None:
+                missing.append(name)
+            elif lat > MAX_LATENCY:
+                slow.append(f"{name}: {lat:.3f}s")
+    print("\ndetection latency (kernel kill -> visible on /incidents, TCG guest):\n  " + "\n  ".join(rows))
+    assert not missing, f"not published: {missing}"
+    assert not slow, f"slower than {MAX_LATENCY}s: {slow}"

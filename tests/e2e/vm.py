@@ -1,0 +1,339 @@
+"""Host-side harness of the end-to-end tier: boot Debian's kernel under virtme-ng (QEMU TCG, one vCPU) and run
+one command in the guest, capturing everything it printed.
+
+The guest sees the host's filesystem read-only (9p), with copy-on-write overlays on /etc, /usr, /tmp, /var...;
+`shared_dir` is mounted read-write at the same path (virtme-ng `--rwdir`), so the guest's results land on the
+host. Prepare the machine first with `scripts/setup-vm` (root, packages, kernel, modules, busybox rootfs);
+`prepare()` runs it (it is cached and takes a fraction of a second once done).
+
+Facts this relies on (measured on a 2-core Debian 12 host without usable KVM):
+- `--disable-kvm`: KVM aborts on an MSR assertion here; TCG boots the 6.1 kernel in ~10 s.
+- `--cpus 1`: with two vCPUs TCG livelocks.
+- `--force-9p`: virtme-ng otherwise spends seconds trying virtiofsd, which cannot start here.
+- host `udev` installed: without it the guest has no /dev/virtio-ports and virtme-ng loses the command's
+  separate stdout/stderr and exit status.
+
+Manual use:  .venv/bin/python -m tests.e2e.vm [--only a,b] [--memory 768] [OUT_DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv"
+CACHE = Path(os.environ.get("OOMWATCH_VM_CACHE", REPO / ".cache" / "vm"))
+GUEST_DIR = Path(__file__).resolve().parent / "guest"
+DEFAULT_MEMORY_MIB = 768
+DEFAULT_TIMEOUT = 540  # the whole tier must stay under 10 minutes
+BLACKLIST = (
+    "kvm",
+    "kvm_amd",
+    "kvm_intel",
+    "ccp",
+    "irqbypass",
+    "ahci",
+    "libahci",
+    "libata",
+    "sr_mod",
+    "cdrom",
+    "sg",
+    "scsi_mod",
+    "aesni_intel",
+    "crypto_simd",
+    "cryptd",
+    "ghash_clmulni_intel",
+    "crc32_pclmul",
+    "crc32c_intel",
+    "crct10dif_pclmul",
+    "sha1_ssse3",
+    "sha256_ssse3",
+    "sha512_ssse3",
+    "sha512_generic",
+    "evdev",
+    "button",
+    "pcspkr",
+    "psmouse",
+    "serio_raw",
+    "i2c_i801",
+    "i2c_smbus",
+    "lpc_ich",
+    "iTCO_wdt",
+    "iTCO_vendor_support",
+    "intel_pmc_bxt",
+    "i6300esb",
+    "watchdog",
+    "qemu_fw_cfg",
+    "powernow_k8",
+    "intel_rapl_msr",
+    "intel_rapl_common",
+    "joydev",
+    "input_leds",
+    "bochs",
+    "drm",
+)
+
+
+class VMUnavailable(RuntimeError):
+    """The VM cannot be started here (setup failed, qemu/kernel/virtme-ng missing)."""
+
+
+@dataclass
+class VMEnv:
+    kernel_version: str
+    vmlinuz: Path
+    rootfs: Path
+    setup_seconds: float = 0.0
+
+
+@dataclass
+class VMResult:
+    returncode: int | None
+    seconds: float
+    boot_seconds: float | None  # launch -> the guest command's first file appeared
+    timed_out: bool
+    stdout_path: Path
+    console_path: Path
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text(errors="replace") if self.stdout_path.exists() else ""
+
+    @property
+    def console(self) -> str:
+        """Kernel console (loglevel 4) and the guest command's stderr, interleaved."""
+        return self.console_path.read_text(errors="replace") if self.console_path.exists() else ""
+
+
+def prepare() -> VMEnv:
+    """Run scripts/setup-vm (idempotent, cached), return what it prepared; VMUnavailable if it fails."""
+    t = time.monotonic()
+    script = REPO / "scripts" / "setup-vm"
+    try:
+        r = subprocess.run(
+            ["bash", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            env={**os.environ, "OOMWATCH_VM_CACHE": str(CACHE)},
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise VMUnavailable(f"scripts/setup-vm could not run: {e}") from e
+    if r.returncode != 0:
+        raise VMUnavailable(
+            f"scripts/setup-vm failed (exit {r.returncode}):\n{r.stderr[-4000:]}\n{r.stdout[-2000:]}"
+        )
+    env = {}
+    for line in (CACHE / "env").read_text().splitlines():
+        k, _, v = line.partition("=")
+        env[k] = v
+    vm = VMEnv(env["KVER"], Path(env["VMLINUZ"]), Path(env["ROOTFS"]), time.monotonic() - t)
+    for p, what in (
+        (vm.vmlinuz, "kernel image"),
+        (vm.rootfs / "bin" / "busybox", "container rootfs"),
+        (VENV / "bin" / "vng", "virtme-ng"),
+        (Path(f"/lib/modules/{vm.kernel_version}/modules.dep"), "kernel modules"),
+    ):
+        if not p.exists():
+            raise VMUnavailable(f"{what} missing at {p} after scripts/setup-vm")
+    return vm
+
+
+def vng_command(vm: VMEnv, guest_argv: list[str], shared_dir: Path, memory_mib: int) -> list[str]:
+    return [
+        str(VENV / "bin" / "vng"),
+        "--verbose",
+        "--force-9p",
+        "--run",
+        str(vm.vmlinuz),
+        "--disable-kvm",
+        "--cpus",
+        "1",
+        "--memory",
+        f"{memory_mib}M",
+        "--rwdir",
+        str(shared_dir),
+        # console at warning level: boot problems and OOM kill lines, not the whole OOM report (the
+        # serial console is slow under TCG; the guest reads every record from /dev/kmsg anyway)
+        "--append",
+        "loglevel=4",
+        # udev (needed for the virtio ports that carry the command's stdio and exit status) coldplugs every
+        # emulated device; under TCG loading those modules costs ~15 s of boot. None is needed here.
+        "--append",
+        "modprobe.blacklist=" + ",".join(BLACKLIST),
+        "--exec",
+        shlex.join(guest_argv),
+    ]
+
+
+def run_guest(
+    vm: VMEnv,
+    guest_argv: list[str],
+    shared_dir: Path,
+    *,
+    memory_mib: int = DEFAULT_MEMORY_MIB,
+    timeout: float = DEFAULT_TIMEOUT,
+    started_marker: str = "started.json",
+) -> VMResult:
+    """Boot the kernel once and run `guest_argv` in it as root, in the repository directory.
+
+    stdout of the guest command goes to shared_dir/guest-stdout.txt, the kernel console and the command's
+    stderr to shared_dir/console.txt. `boot_seconds` is the time until shared_dir/<started_marker> appeared.
+    """
+    shared_dir = Path(shared_dir).resolve()
+    shared_dir.mkdir(parents=True, exist_ok=True)
+    if not (Path("/usr/bin/qemu-system-x86_64").exists() or _which("qemu-system-x86_64")):
+        raise VMUnavailable("qemu-system-x86_64 not installed (run scripts/setup-vm)")
+    cmd = vng_command(vm, guest_argv, shared_dir, memory_mib)
+    env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    stdout_path, console_path = shared_dir / "guest-stdout.txt", shared_dir / "console.txt"
+    marker = shared_dir / started_marker
+    t0 = time.monotonic()
+    boot = None
+    timed_out = False
+    with open(stdout_path, "wb") as out, open(console_path, "wb") as err:
+        err.write(f"# {shlex.join(cmd)}\n".encode())
+        err.flush()
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise VMUnavailable(f"cannot start virtme-ng: {e}") from e
+        while proc.poll() is None:
+            if boot is None and marker.exists():
+                boot = time.monotonic() - t0
+            if time.monotonic() - t0 > timeout:
+                timed_out = True
+                _kill_group(proc)
+                break
+            time.sleep(0.1)
+    if boot is None and marker.exists():
+        boot = time.monotonic() - t0  # finished between two polls
+    return VMResult(proc.returncode, time.monotonic() - t0, boot, timed_out, stdout_path, console_path, cmd)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _which(name: str) -> str | None:
+    for d in os.environ.get("PATH", "").split(":"):
+        if d and os.access(os.path.join(d, name), os.X_OK):
+            return os.path.join(d, name)
+    return None
+
+
+def scenario_argv(vm: VMEnv, out_dir: Path, only: str = "", agent: Path | None = None) -> list[str]:
+    argv = [
+        str(VENV / "bin" / "python"),
+        str(GUEST_DIR / "driver.py"),
+        "--out",
+        str(Path(out_dir).resolve()),
+        "--rootfs",
+        str(vm.rootfs),
+        "--agent",
+        str(agent or VENV / "bin" / "oomwatch"),
+    ]
+    if only:
+        argv += ["--only", only]
+    return argv
+
+
+def compile_python() -> subprocess.Popen:
+    """Byte-compile the project and the venv on the host, in the background while the guest boots: the guest
+    sees a read-only filesystem, cannot write .pyc files, and compiling at every import costs seconds
+    there."""
+    return subprocess.Popen(
+        [
+            str(VENV / "bin" / "python"),
+            "-m",
+            "compileall",
+            "-q",
+            "-j0",
+            str(REPO / "oomwatch"),
+            str(GUEST_DIR),
+            str(next((VENV / "lib").glob("python3*/site-packages"))),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def run_scenarios(
+    out_dir: Path, only: str = "", memory_mib: int = DEFAULT_MEMORY_MIB, timeout: float = DEFAULT_TIMEOUT
+) -> tuple[VMEnv, VMResult]:
+    vm = prepare()
+    comp = compile_python()
+    try:
+        res = run_guest(
+            vm, scenario_argv(vm, out_dir, only), Path(out_dir), memory_mib=memory_mib, timeout=timeout
+        )
+    finally:
+        comp.wait()
+    return vm, res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", nargs="?", default=str(REPO / "artifacts" / "e2e" / "manual"))
+    ap.add_argument("--only", default="", help="scenario names or letters, comma-separated")
+    ap.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MIB)
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
+    ap.add_argument(
+        "--exec", dest="exec_", default="", help="run this shell command instead of the scenarios"
+    )
+    ap.add_argument("--agent", default=None, help="oomwatch executable to test (default: .venv/bin/oomwatch)")
+    a = ap.parse_args()
+    out = Path(a.out)
+    vm = prepare()
+    comp = compile_python()
+    argv = (
+        ["sh", "-c", a.exec_]
+        if a.exec_
+        else scenario_argv(vm, out, a.only, Path(a.agent) if a.agent else None)
+    )
+    res = run_guest(
+        vm,
+        argv,
+        out,
+        memory_mib=a.memory,
+        timeout=a.timeout,
+        started_marker="started.json" if not a.exec_ else "guest-stdout.txt",
+    )
+    comp.wait()
+    print(res.stdout)
+    print(
+        f"rc={res.returncode} boot={res.boot_seconds} total={res.seconds:.1f}s timed_out={res.timed_out} "
+        f"out={out}",
+        file=sys.stderr,
+    )
+    return 0 if res.returncode == 0 and not res.timed_out else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
