@@ -28,6 +28,7 @@ from oomwatch.sinks.collector import NodeInfo, OomwatchCollector
 from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc
+from oomwatch.sources.klog import SyslogKmsg
 from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, read_saved_log
 from oomwatch.store import Labels, Store, load_state, save_state
 from oomwatch.workloads import WorkloadResolver, identify, kubepods_level, scope_of
@@ -36,6 +37,8 @@ from oomwatch.workloads.runtime import RuntimeNames
 
 log = logging.getLogger("oomwatch.agent")
 
+# `--kmsg syslog`: read the kernel log through syslog(2) rather than /dev/kmsg.
+SYSLOG_SOURCE = "syslog"
 # A cgroup's pid list is re-read at most this often while it sits at its limit.
 PID_SNAPSHOT_INTERVAL = 0.2
 # How long a cgroup's `oom` event is a hint for an incident whose summary the kernel ratelimited away.
@@ -147,7 +150,10 @@ class Agent:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self.kmsg_error: Optional[str] = None
+        self.kmsg_source = "kmsg"  # or "syslog": which reader wrote the cursor
         self.kmsg_alive = False
         self.watcher: Optional[CgroupWatcher] = None
         self.http: Optional[HttpSink] = None
@@ -237,6 +243,8 @@ class Agent:
         before = self._last_local.get(path, {})
         self._last_local[path] = local
         now = self.clock()
+        if self.kmsg_source == "syslog" and local.get("oom_kill", 0) > before.get("oom_kill", 0):
+            self._wake()  # syslog(2) cannot be waited on: a kill here is the cue to read
         if local.get("oom", 0) > before.get("oom", 0):
             self._oom_at[path] = now
         pressing = any(local.get(k, 0) > before.get(k, 0) for k in ("max", "oom", "oom_kill"))
@@ -257,7 +265,7 @@ class Agent:
         for path, labels in items:
             if labels in seen:
                 continue
-            stats = self.fs.read_stats(path)
+            stats = self.fs.read_stats(path, with_local=False)
             if stats is not None:
                 seen.add(labels)
                 yield labels, with_effective_oom_group(self.fs, identify(path), stats)
@@ -290,7 +298,7 @@ class Agent:
         cursor = pending - 1 if pending is not None else self.correlator.last_seq
         if cursor is None and self.store.cursor_seq is not None:
             cursor = self.store.cursor_seq
-        self.store.set_cursor(self.boot_id, cursor)
+        self.store.set_cursor(self.boot_id, cursor, self.kmsg_source)
         if self.config.state_dir:
             try:
                 save_state(self.store, self.config.state_dir)
@@ -330,32 +338,33 @@ class Agent:
         log.info("replayed saved kernel log %s: %d incidents", self.config.kmsg, len(self.store.snapshot().incidents))
 
     def _kmsg_loop(self) -> None:
-        saved_log = self.config.kmsg == "-" or os.path.isfile(self.config.kmsg)
+        saved_log = self.config.kmsg == "-" or (self.config.kmsg != SYSLOG_SOURCE and os.path.isfile(self.config.kmsg))
         if self._kmsg_factory is LiveKmsg and saved_log:
             self._replay_saved_log()
             return
-        reader = self._kmsg_factory(self.config.kmsg)
-        after = self.store.cursor_seq if self.store.boot_id == self.boot_id else None
-        try:
-            reader.open(after_seq=after)
-        except KmsgUnavailable as exc:
-            self.kmsg_error = str(exc)
-            log.error("kernel log unavailable: %s; serving cgroup metrics only", exc)
+        reader = self._open_kernel_log()
+        if reader is None:
             return
         self.kmsg_alive = True
         live = False
+        last_record = time.monotonic()
         try:
             while not self._stop.is_set():
                 published = False
                 for item in reader.read_available():
                     published |= self._handle(item, live)
+                    last_record = time.monotonic()
                 if not published:
                     self._advance_cursor_only()
                 live = True
                 if self._stop.is_set():
                     break
                 timeout = self.config.quiet_seconds if self.correlator.pending else None
-                if not reader.wait(timeout, self._wake_r) and not self._stop.is_set():
+                if reader.wait(timeout, self._wake_r) or self._stop.is_set():
+                    continue
+                # Quiet long enough: an incident still open is complete (a wake-up with nothing new is not
+                # quiet, the kernel may be between two lines of one group listing).
+                if time.monotonic() - last_record >= self.config.quiet_seconds:
                     self.publish(self.correlator.flush(), live)
         except Exception as exc:
             self.kmsg_error = f"kernel log reader stopped: {exc}"
@@ -363,6 +372,44 @@ class Agent:
         finally:
             self.kmsg_alive = False
             reader.close()
+
+    def _open_kernel_log(self):
+        """The live kernel log: /dev/kmsg, or syslog(2) where the device is refused (an unprivileged
+        container: the runtime's device cgroup does not list /dev/kmsg, while syslog(2) needs only
+        CAP_SYSLOG). None, with the reason in `kmsg_error`, when neither can be read."""
+        use_syslog = self.config.kmsg == SYSLOG_SOURCE
+        reader = None
+        if not use_syslog:
+            reader = self._kmsg_factory(self.config.kmsg)
+            try:
+                reader.open(after_seq=self._cursor_for("kmsg"))
+                self.kmsg_source = "kmsg"
+                return reader
+            except KmsgUnavailable as exc:
+                if not (self._kmsg_factory is LiveKmsg and isinstance(exc.__cause__, PermissionError)):
+                    self.kmsg_error = str(exc)
+                    log.error("kernel log unavailable: %s; serving cgroup metrics only", exc)
+                    return None
+                device_error = str(exc)
+        syslog = SyslogKmsg()
+        try:
+            syslog.open(after_seq=self._cursor_for("syslog"))
+        except KmsgUnavailable as exc:
+            self.kmsg_error = str(exc) if use_syslog else f"{device_error}; syslog(2): {exc}"
+            log.error("kernel log unavailable: %s; serving cgroup metrics only", self.kmsg_error)
+            return None
+        if not use_syslog:
+            log.warning("%s; reading the kernel log through syslog(2) instead, woken by memory.events changes "
+                        "(and every %.0f s)", device_error, syslog.fallback_interval)
+        self.kmsg_source = "syslog"
+        return syslog
+
+    def _cursor_for(self, source: str) -> Optional[int]:
+        """The saved cursor, when it was written by the same boot and the same kind of reader (sequence
+        numbers from /dev/kmsg and timestamps from syslog(2) do not mix)."""
+        if self.store.boot_id != self.boot_id or self.store.cursor_source != source:
+            return None
+        return self.store.cursor_seq
 
     def _advance_cursor_only(self) -> None:
         pending = self.correlator.pending_since_seq
@@ -402,9 +449,15 @@ class Agent:
         log.info("oomwatch agent listening on %s:%d (cgroups %s, kernel log %s)", *self.http.address,
                  self.config.cgroup_root, self.config.kmsg)
 
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # already pending
+
     def stop(self) -> None:
         self._stop.set()
-        os.write(self._wake_w, b"x")
+        self._wake()
         if self.watcher is not None:
             self.watcher.stop()
         if hasattr(self, "_kmsg_thread"):

@@ -18,7 +18,8 @@ def _common(fn):
     """Options shared by `agent` and `inspect`; each also reads OOMWATCH_<NAME>."""
     options = [
         click.option("--kmsg", envvar="OOMWATCH_KMSG", default="/dev/kmsg", show_default=True,
-                     help="Kernel log: the live /dev/kmsg, a saved raw kmsg dump, or `dmesg` / `journalctl -k` "
+                     help="Kernel log: the live /dev/kmsg (syslog(2) is used where the device is refused), "
+                          "`syslog` to use syslog(2) only, a saved raw kmsg dump, or `dmesg` / `journalctl -k` "
                           "text; - reads standard input."),
         click.option("--cgroup-root", envvar="OOMWATCH_CGROUP_ROOT", default="/sys/fs/cgroup", show_default=True,
                      help="Where the cgroup v2 hierarchy is mounted."),
@@ -147,7 +148,7 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, kubelet_config=kubelet_config,
                     run_root=run_root, pod_log_dir=pod_log_dir, boot_time=_boot_time(boot_time))
     source = click.core.ParameterSource.DEFAULT
-    saved_log = ctx.get_parameter_source("kmsg") != source and not is_live_kmsg(kmsg)
+    saved_log = ctx.get_parameter_source("kmsg") != source and not is_live_kmsg(kmsg) and kmsg != "syslog"
     # A saved log may come from another node: this host's cgroups would describe the wrong one.
     node_view = not saved_log or ctx.get_parameter_source("cgroup_root") != source
     report = build_report(config, target=target, container=container, since=since_ts, node_view=node_view)

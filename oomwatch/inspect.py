@@ -14,6 +14,7 @@ import time
 from typing import Any, Iterable, Optional
 
 from oomwatch.agent import (
+    SYSLOG_SOURCE,
     NodePosture,
     cgroup_version_label,
     host_boot_time,
@@ -26,6 +27,7 @@ from oomwatch.correlator import is_within
 from oomwatch.explain import size
 from oomwatch.model import Incident, KmsgRecord
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
+from oomwatch.sources.klog import SyslogKmsg
 from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, is_live_kmsg, read_saved_log
 from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.kubelet import read_kubelet_config
@@ -56,7 +58,7 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
                    clock=time.time) -> tuple[list[Incident], dict]:
     """Every incident still in the kernel's ring buffer (or in the saved log). Returns (incidents, reader
     health). Raises KmsgUnavailable when the log cannot be read at all."""
-    live = is_live_kmsg(config.kmsg)
+    live = is_live_kmsg(config.kmsg) or config.kmsg == SYSLOG_SOURCE
     boot_time = config.boot_time if config.boot_time is not None else host_boot_time()
     correlator = make_correlator(boot_id=boot_id if live else "saved-log", boot_time=boot_time,
                                  resolver=resolver, posture_single=lambda: single, cgroup_of_pid=cgroup_of_pid,
@@ -65,8 +67,8 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
               "suppressed_reports": 0}
     items: Iterable[Any]
     if live:
-        reader = LiveKmsg(config.kmsg)
-        reader.open()
+        reader = open_live_kernel_log(config.kmsg)
+        health["source"] = "syslog(2)" if isinstance(reader, SyslogKmsg) else config.kmsg
         items = list(reader.read_available())
         reader.close()
     else:
@@ -92,6 +94,26 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
     health["parse_errors"] += stats.parse_errors
     health["suppressed_reports"] = stats.suppressed_reports
     return incidents, health
+
+
+def open_live_kernel_log(path: str):
+    """/dev/kmsg, or syslog(2) where the device is refused (a container without the device, or with only
+    CAP_SYSLOG). Raises KmsgUnavailable naming both reasons."""
+    if path != SYSLOG_SOURCE:
+        reader = LiveKmsg(path)
+        try:
+            reader.open()
+            return reader
+        except KmsgUnavailable as exc:
+            if not isinstance(exc.__cause__, PermissionError):
+                raise
+            device_error = str(exc)
+    syslog = SyslogKmsg()
+    try:
+        syslog.open()
+    except KmsgUnavailable as exc:
+        raise KmsgUnavailable(str(exc) if path == SYSLOG_SOURCE else f"{device_error}; syslog(2): {exc}") from exc
+    return syslog
 
 
 def _headroom(limit: Optional[float], usage: Optional[int]) -> Optional[float]:

@@ -73,6 +73,7 @@ class Store:
         self._lat_sum = 0.0
         self.boot_id: Optional[str] = None
         self.cursor_seq: Optional[int] = None
+        self.cursor_source = "kmsg"  # the reader that wrote the cursor: "kmsg" (sequence) or "syslog" (µs)
 
     # --- updates -----------------------------------------------------------------------------------
 
@@ -149,9 +150,9 @@ class Store:
             self._kmsg["lost"] += lost
             self._kmsg["parse_errors"] += parse_errors
 
-    def set_cursor(self, boot_id: str, seq: Optional[int]) -> None:
+    def set_cursor(self, boot_id: str, seq: Optional[int], source: str = "kmsg") -> None:
         with self._lock:
-            self.boot_id, self.cursor_seq = boot_id, seq
+            self.boot_id, self.cursor_seq, self.cursor_source = boot_id, seq, source
 
     # --- reads -------------------------------------------------------------------------------------
 
@@ -178,6 +179,7 @@ class Store:
                 "version": STATE_VERSION,
                 "boot_id": self.boot_id,
                 "cursor_seq": self.cursor_seq,
+                "cursor_source": self.cursor_source,
                 "workloads": [{"labels": list(k), "kills": v.kills, "killed": v.killed, "last_kill": v.last_kill,
                                "gone_since": v.gone_since} for k, v in self._workloads.items()],
                 "node_kills": [[k, s, n] for (k, s), n in self._node_kills.items()],
@@ -216,6 +218,7 @@ class Store:
             incidents = [i for i in state["incidents"] if isinstance(i, dict)]
             cursor = state["cursor_seq"]
             boot_id = state["boot_id"]
+            cursor_source = str(state.get("cursor_source", "kmsg"))
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"malformed state: {exc}") from exc
         with self._lock:
@@ -229,7 +232,7 @@ class Store:
             self._key_set.clear()
             for key in keys:
                 self._remember_key(key)
-            self.boot_id, self.cursor_seq = boot_id, cursor
+            self.boot_id, self.cursor_seq, self.cursor_source = boot_id, cursor, cursor_source
 
 
 STATE_FILE = "state.json"

@@ -288,3 +288,39 @@ def test_proc_cgroup_paths_inside_a_cgroup_namespace_are_made_absolute(tmp_path:
     with running_agent(agent_config(tmp_path, cgroup_root=str(tree), proc=str(proc)),
                        kmsg_factory=kmsg.factory) as agent:
         assert agent.cgroup_of_pid(4242) == "/kubepods/burstable/podB/ctr"
+
+
+def test_refused_device_falls_back_to_syslog_woken_by_memory_events(tmp_path: Path, monkeypatch) -> None:
+    """An unprivileged container: open("/dev/kmsg") fails with EPERM (device cgroup), syslog(2) works with
+    CAP_SYSLOG. The agent reads through syslog(2), and a kill seen in memory.events is its cue to read."""
+    import errno
+
+    import oomwatch.agent as agent_module
+    from oomwatch.sources.klog import SyslogKmsg
+    from oomwatch.sources.kmsg import KmsgUnavailable, LiveKmsg
+    from tests.test_klog import FakeKlogctl, syslog_lines
+
+    def refuse(self, after_seq=None):
+        raise KmsgUnavailable("/dev/kmsg: permission denied") from PermissionError(errno.EPERM, "denied")
+
+    monkeypatch.setattr(LiveKmsg, "open", refuse)
+    kernel = FakeKlogctl(syslog_lines(upto_seq=521))  # the first two incidents are in the ring
+    monkeypatch.setattr(agent_module, "SyslogKmsg",
+                        lambda: SyslogKmsg(syscall=kernel, fallback_interval=3600))
+    tree = tmp_path / "cgroup"
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    config = agent_config(tmp_path, kmsg="/dev/kmsg", cgroup_root=str(tree))
+    with running_agent(config) as agent:
+        assert wait_for(lambda: len(incidents_of(agent)) == 2)
+        assert agent.kmsg_source == "syslog"
+        assert http_get(base_url(agent) + "/healthz")[0] == 200
+        # The kernel prints two more incidents; nothing wakes a syslog(2) reader but the cgroups' counters.
+        kernel.lines = syslog_lines()
+        time.sleep(0.3)
+        assert len(incidents_of(agent)) == 2, "no wake-up yet: nothing read"
+        (tree / "q" / "c1" / "memory.events.local").write_text("max 0\noom 0\noom_kill 6\noom_group_kill 0\n")
+        (tree / "q" / "c1" / "memory.events").write_text("max 0\noom 0\noom_kill 6\noom_group_kill 0\n")
+        assert wait_for(lambda: len(incidents_of(agent)) == 4)
+    assert [e["victim"]["pid"] for e in events(tmp_path)] == [118, 125, 132, 139]
+    state = json.loads((tmp_path / "state" / "state.json").read_text())
+    assert state["cursor_source"] == "syslog"

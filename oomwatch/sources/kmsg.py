@@ -119,6 +119,11 @@ class LiveKmsg:
         if wake_fd is not None:
             poller.register(wake_fd, select.POLLIN)
         events = poller.poll(None if timeout is None else int(timeout * 1000))
+        if wake_fd is not None and any(fd == wake_fd for fd, _ in events):
+            try:
+                os.read(wake_fd, 4096)  # drain, or the next wait returns at once
+            except BlockingIOError:
+                pass
         return any(fd == self.fd for fd, _ in events)
 
 
