@@ -77,9 +77,11 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
         except OSError as exc:
             raise KmsgUnavailable(f"{config.kmsg}: {exc.strerror or exc}") from exc
     incidents: list[Incident] = []
+    wall_clock = False
     try:
         for item in items:
             if isinstance(item, KmsgRecord):
+                wall_clock = wall_clock or item.wall_time is not None
                 incidents += correlator.feed(item)
             elif isinstance(item, Lost):
                 health["lost"] += item.count or 0
@@ -93,6 +95,8 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
     health["records"] = stats.records
     health["parse_errors"] += stats.parse_errors
     health["suppressed_reports"] = stats.suppressed_reports
+    health["times_from"] = "log" if wall_clock else ("boot time given" if config.boot_time is not None or live
+                                                     else "this host's boot time")
     return incidents, health
 
 
@@ -239,6 +243,9 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
         notes.append(f"cannot read the kernel log: {exc}. Recent incidents are not shown; the node posture and "
                      "workloads above are.")
         incidents = []
+    if incidents and (report["kmsg"] or {}).get("times_from") == "this host's boot time":
+        notes.append("this log carries no wall-clock times: they are shown as if it came from this host's "
+                     "current boot; pass --boot-time for a log from another boot.")
     if report["kmsg"] and report["kmsg"].get("lost"):
         notes.append(f"{report['kmsg']['lost']} kernel log records were lost (overwritten) before they could be read.")
     selected = []
