@@ -93,7 +93,8 @@ class NodePosture:
 
 def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolver,
                     posture_single: Callable[[], str], cgroup_of_pid=lambda pid: None,
-                    oom_cgroup_hint=lambda cg: None, clock: Callable[[], float] = time.time) -> Correlator:
+                    oom_cgroup_hint=lambda cg: None, victim_cgroup_hint=lambda cg: None,
+                    clock: Callable[[], float] = time.time) -> Correlator:
     return Correlator(
         boot_id=boot_id,
         boot_time=boot_time,
@@ -102,6 +103,7 @@ def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolve
         explain=lambda incident: explain(incident, posture_single()),
         cgroup_of_pid=cgroup_of_pid,
         oom_cgroup_hint=oom_cgroup_hint,
+        victim_cgroup_hint=victim_cgroup_hint,
         detected_clock=clock,
     )
 
@@ -140,12 +142,13 @@ class Agent:
         self.correlator = make_correlator(
             boot_id=self.boot_id, boot_time=self.boot_time, resolver=self.resolver,
             posture_single=lambda: self._single, cgroup_of_pid=self.cgroup_of_pid,
-            oom_cgroup_hint=self.oom_cgroup_hint, clock=clock)
+            oom_cgroup_hint=self.oom_cgroup_hint, victim_cgroup_hint=self.victim_cgroup_hint, clock=clock)
         self._pids: dict[int, str] = {}
         self._cgns_prefix: Optional[str] = None
         self._pid_snapshot_at: dict[str, float] = {}
         self._last_local: dict[str, dict[str, int]] = {}
         self._oom_at: dict[str, float] = {}
+        self._oom_kill_at: dict[str, float] = {}
         self._workloads: dict[str, Labels] = {}  # live workload cgroup → identity labels
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -204,6 +207,14 @@ class Agent:
                       if now - t <= OOM_HINT_SECONDS and is_within(victim_cgroup, p)]
         return max(candidates, key=len) if candidates else None
 
+    def victim_cgroup_hint(self, oom_cgroup: Optional[str]) -> Optional[str]:
+        """For a kill whose victim we never saw alive and whose summary was ratelimited: the cgroup whose
+        memory.events.local `oom_kill` moved most recently (within the oom cgroup when that is known)."""
+        now = self.clock()
+        candidates = [(t, p) for p, t in list(self._oom_kill_at.items())
+                      if now - t <= OOM_HINT_SECONDS and (oom_cgroup is None or is_within(p, oom_cgroup))]
+        return max(candidates)[1] if candidates else None
+
     # --- cgroup watcher callbacks ---------------------------------------------------------------------
 
     def _cgroup_added(self, path: str) -> None:
@@ -247,6 +258,8 @@ class Agent:
             self._wake()  # syslog(2) cannot be waited on: a kill here is the cue to read
         if local.get("oom", 0) > before.get("oom", 0):
             self._oom_at[path] = now
+        if local.get("oom_kill", 0) > before.get("oom_kill", 0):
+            self._oom_kill_at[path] = now
         pressing = any(local.get(k, 0) > before.get(k, 0) for k in ("max", "oom", "oom_kill"))
         if pressing and now - self._pid_snapshot_at.get(path, 0.0) >= PID_SNAPSHOT_INTERVAL:
             self._pid_snapshot_at[path] = now

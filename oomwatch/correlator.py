@@ -91,8 +91,10 @@ class Correlator:
     """Feed records in kernel order; receive finished incidents.
 
     `cgroup_of_pid(pid)` answers from what the agent remembers of live processes (None = unknown);
-    `oom_cgroup_hint(victim_cgroup)` names the cgroup whose memory.events.local `oom` moved (for incidents
-    whose summary was ratelimited); `resolve_workload`, `scope_of` and `explain` finish the incident."""
+    `oom_cgroup_hint(victim_cgroup)` names the cgroup whose memory.events.local `oom` moved and
+    `victim_cgroup_hint(oom_cgroup)` the one whose `oom_kill` moved (for incidents whose summary was
+    ratelimited and whose victim was never seen alive); `resolve_workload`, `scope_of` and `explain` finish
+    the incident."""
 
     def __init__(
         self,
@@ -104,6 +106,7 @@ class Correlator:
         explain: Callable[[Incident], str],
         cgroup_of_pid: Callable[[int], Optional[str]] = lambda pid: None,
         oom_cgroup_hint: Callable[[Optional[str]], Optional[str]] = lambda cg: None,
+        victim_cgroup_hint: Callable[[Optional[str]], Optional[str]] = lambda oom_cg: None,
         detected_clock: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.boot_id = boot_id
@@ -113,6 +116,7 @@ class Correlator:
         self._explain = explain
         self._cgroup_of_pid = cgroup_of_pid
         self._oom_cgroup_hint = oom_cgroup_hint
+        self._victim_cgroup_hint = victim_cgroup_hint
         self._detected_clock = detected_clock
         self._open: Optional[_Builder] = None
         self._held: Optional[Incident] = None
@@ -276,6 +280,9 @@ class Correlator:
 
     def _build(self, b: _Builder) -> Incident:
         first = b.kills[0]
+        if first.cgroup is None and b.group is None:
+            # Built once the log went quiet: by now inotify has reported the cgroup that counted the kill.
+            first.cgroup = self._victim_cgroup_hint(b.summary.oom_cgroup if b.summary else None)
         oom_kind = first.line.oom_kind
         if b.summary is not None:
             constraint = b.summary.constraint

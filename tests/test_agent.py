@@ -324,3 +324,21 @@ def test_refused_device_falls_back_to_syslog_woken_by_memory_events(tmp_path: Pa
     assert [e["victim"]["pid"] for e in events(tmp_path)] == [118, 125, 132, 139]
     state = json.loads((tmp_path / "state" / "state.json").read_text())
     assert state["cursor_source"] == "syslog"
+
+
+def test_a_ratelimited_kill_of_an_unseen_process_is_placed_by_memory_events(tmp_path: Path) -> None:
+    """Only the kill line arrived (header and summary ratelimited away) and the victim was never seen in a
+    cgroup.procs: the cgroup whose memory.events.local oom_kill moved is where it was."""
+    tree = tmp_path / "cgroup"
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    kmsg = SeqpacketKmsg()
+    with running_agent(agent_config(tmp_path, cgroup_root=str(tree)), kmsg_factory=kmsg.factory) as agent:
+        (tree / "a" / "memory.events.local").write_text("max 60\noom 2\noom_kill 2\noom_group_kill 0\n")
+        (tree / "a" / "memory.events").write_text("max 60\noom 2\noom_kill 2\noom_group_kill 0\n")
+        assert wait_for(lambda: "/a" in agent._oom_kill_at)
+        kmsg.send([b"3,700,9000000,-;Memory cgroup out of memory: Killed process 5555 (python3) total-vm:9kB, "
+                   b"anon-rss:9kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n"])
+        assert wait_for(lambda: len(incidents_of(agent)) == 1)
+        incident = incidents_of(agent)[0]
+    assert (incident["kind"], incident["victim"]["cgroup"], incident["oom_cgroup"]) == ("single", "/a", "/a")
+    assert incident["workload"]["type"] == "other"
