@@ -138,12 +138,12 @@ class Agent:
 
             self.pod_events = PodEventRecorder.from_environment(node_name=config.node_name)
         self.events_file = EventsFile(config.events_file) if config.events_file else None
-        self._single = self.posture.single_process_oom_kill()
         self.correlator = make_correlator(
             boot_id=self.boot_id, boot_time=self.boot_time, resolver=self.resolver,
-            posture_single=lambda: self._single, cgroup_of_pid=self.cgroup_of_pid,
+            posture_single=self.posture.single_process_oom_kill, cgroup_of_pid=self.cgroup_of_pid,
             oom_cgroup_hint=self.oom_cgroup_hint, victim_cgroup_hint=self.victim_cgroup_hint, clock=clock)
         self._pids: dict[int, str] = {}
+        self._pids_by_cgroup: dict[str, set[int]] = {}  # to forget a removed cgroup's pids
         self._cgns_prefix: Optional[str] = None
         self._pid_snapshot_at: dict[str, float] = {}
         self._last_local: dict[str, dict[str, int]] = {}
@@ -191,8 +191,10 @@ class Agent:
         with self._lock:
             paths = [p for p in self._workloads_and_known() if is_within(p, root)]
         for path in paths:
-            for pid in self.fs.read_pids(path):
+            pids = self.fs.read_pids(path)
+            for pid in pids:
                 self._pids[pid] = path
+            self._pids_by_cgroup.setdefault(path, set()).update(pids)
 
     def _workloads_and_known(self) -> list[str]:
         return self.watcher.known() if self.watcher is not None else [root for root in self._workloads]
@@ -241,8 +243,12 @@ class Agent:
         with self._lock:
             labels = self._workloads.pop(path, None)
             still_used = labels in self._workloads.values()
-        self._last_local.pop(path, None)
-        self._pid_snapshot_at.pop(path, None)
+        for per_path in (self._last_local, self._pid_snapshot_at, self._oom_at, self._oom_kill_at):
+            per_path.pop(path, None)
+        # Its processes are gone (a cgroup is removed only when empty), and their incidents were built.
+        for pid in self._pids_by_cgroup.pop(path, ()):
+            if self._pids.get(pid) == path:
+                del self._pids[pid]
         if labels is not None and not still_used:
             self.store.gone(labels)
         self.store.expire()
