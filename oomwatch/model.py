@@ -265,9 +265,11 @@ class Incident:
         return max(0.0, self.detected_at - self.time)
 
     @property
-    def key(self) -> tuple[str, Optional[int], int]:
-        """Identity across restarts: the boot, the record's sequence number and the victim."""
-        return (self.boot_id, self.kernel_seq, self.victim.pid)
+    def key(self) -> tuple[str, float, int]:
+        """Identity across restarts: the boot, the record's sequence number (its time in a saved log without
+        sequence numbers, where a pid may come back) and the victim."""
+        return (self.boot_id, self.kernel_seq if self.kernel_seq is not None else round(self.time, 6),
+                self.victim.pid)
 
     def to_json(self) -> dict[str, Any]:
         from oomwatch.timefmt import iso8601
