@@ -85,3 +85,29 @@ def test_truncated_raw_record_in_a_dump_is_flagged_not_fatal() -> None:
     items = texts(b"6,1,10,-;ok\n6,2,99999999999999999999999999,-;" + b"x" * 10 + b"\n")
     assert items[0].text == "ok"
     assert items[1].priority in (GARBLED, 6)
+
+
+def test_live_reader_counts_an_overrun_from_the_sequence_gap_and_keeps_reading(monkeypatch) -> None:
+    """/dev/kmsg returns EPIPE once when records were overwritten; the next read continues with the oldest
+    record still there, and the sequence gap is the loss."""
+    import errno
+    import os as os_module
+
+    from oomwatch.sources import kmsg as kmsg_source
+
+    script = [b"6,10,1,-;before\n", BrokenPipeError(errno.EPIPE, "overrun"), b"6,15,2,-;after the gap\n",
+              b"6,16,3,-;next\n", BlockingIOError(errno.EAGAIN, "empty")]
+
+    def fake_read(fd, size):
+        item = script.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    monkeypatch.setattr(kmsg_source.os, "read", fake_read)
+    reader = kmsg_source.LiveKmsg("/dev/kmsg")
+    reader.fd = 99  # never touched: reads are scripted
+    items = list(reader.read_available())
+    assert [type(i).__name__ for i in items] == ["KmsgRecord", "Lost", "KmsgRecord", "KmsgRecord"]
+    assert items[1].count == 4 and items[2].text == "after the gap"
+    assert os_module.read is fake_read and script == []
