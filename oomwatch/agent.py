@@ -15,6 +15,7 @@ import posixpath
 import signal
 import threading
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Callable, Iterable, Optional
 
@@ -29,6 +30,7 @@ from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc
 from oomwatch.sources.klog import SyslogKmsg
+from oomwatch.sources.procconn import SIGKILL, ProcConnector, ProcConnectorUnavailable, ProcessExit
 from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, read_saved_log
 from oomwatch.store import Labels, Store, load_state, save_state
 from oomwatch.workloads import WorkloadResolver, identify, kubepods_level, scope_of
@@ -39,6 +41,8 @@ log = logging.getLogger("oomwatch.agent")
 
 # `--kmsg syslog`: read the kernel log through syslog(2) rather than /dev/kmsg.
 SYSLOG_SOURCE = "syslog"
+# How long a group kill waits for the proc connector's exit events of processes the kernel did not log.
+WITNESS_SECONDS = 0.5
 # A cgroup's pid list is re-read at most this often while it sits at its limit.
 PID_SNAPSHOT_INTERVAL = 0.2
 # How long a cgroup's `oom` event is a hint for an incident whose summary the kernel ratelimited away.
@@ -158,7 +162,11 @@ class Agent:
         self.kmsg_error: Optional[str] = None
         self.kmsg_source = "kmsg"  # or "syslog": which reader wrote the cursor
         self.kmsg_alive = False
+        self.proc_connector_error: Optional[str] = None
         self.watcher: Optional[CgroupWatcher] = None
+        self.proc_connector: Optional[ProcConnector] = None
+        self._sigkilled: deque[tuple[int, Optional[str], float]] = deque(maxlen=10_000)
+        self._awaiting_witness: list[tuple[float, Incident]] = []  # (monotonic deadline, incident)
         self.http: Optional[HttpSink] = None
         self.registry = CollectorRegistry()
         self.registry.register(OomwatchCollector(self.store, self.live_workloads, self.posture.info))
@@ -296,7 +304,55 @@ class Agent:
             "kmsg": "ok" if kmsg_ok else (self.kmsg_error or "not running"),
             "cgroups": "ok" if cg_ok else ((self.watcher.error if self.watcher else None) or "not running"),
         }
+        if self.config.proc_connector:  # optional: reported, never fatal
+            error = self.proc_connector_error or (self.proc_connector.error if self.proc_connector else None)
+            detail["proc_connector"] = error or "ok"
         return kmsg_ok and cg_ok, detail
+
+    # --- proc connector witness -------------------------------------------------------------------------
+
+    def _process_exited(self, process_exit: ProcessExit) -> None:
+        if process_exit.signal == SIGKILL:
+            # Its cgroup as last seen alive: the exit event comes after the process has left it.
+            self._sigkilled.append((process_exit.pid, self._pids.get(process_exit.pid), process_exit.time))
+
+    def _deliver(self, incidents: list[Incident], live: bool) -> None:
+        """Publish; a group kill first waits briefly for the exits of processes the kernel did not log."""
+        if self.proc_connector is None:
+            self.publish(incidents, live)
+            return
+        now = time.monotonic()
+        ready = []
+        for incident in incidents:
+            if incident.kind == "group":
+                self._awaiting_witness.append((now + WITNESS_SECONDS, incident))
+            else:
+                ready.append(incident)
+        if ready:
+            self.publish(ready, live)
+
+    def _release_witnessed(self, live: bool, everything: bool = False) -> None:
+        now = time.monotonic()
+        due = [i for deadline, i in self._awaiting_witness if everything or deadline <= now]
+        if not due:
+            return
+        self._awaiting_witness = [(d, i) for d, i in self._awaiting_witness if not (everything or d <= now)]
+        self.publish([self._with_witnesses(i) for i in due], live)
+
+    def _with_witnesses(self, incident: Incident) -> Incident:
+        known = {p.pid for p in incident.killed} | {p["pid"] for p in incident.exiting}
+        died = [{"pid": pid, "cgroup": cgroup, "signal": SIGKILL} for pid, cgroup, when in list(self._sigkilled)
+                if pid not in known and cgroup and incident.group_cgroup and is_within(cgroup, incident.group_cgroup)
+                and when >= incident.time - 2.0]
+        if not died:
+            return incident
+        incident = replace(incident, died_with=tuple(died))
+        return replace(incident, explanation=explain(incident, self.posture.single_process_oom_kill()))
+
+    def _witness_timeout(self) -> Optional[float]:
+        if not self._awaiting_witness:
+            return None
+        return max(0.0, min(d for d, _ in self._awaiting_witness) - time.monotonic())
 
     # --- publishing ----------------------------------------------------------------------------------
 
@@ -312,8 +368,15 @@ class Agent:
                 self.pod_events.record(incident)
         self._save_cursor()
 
+    def _pending_since_seq(self) -> Optional[int]:
+        """The first record not yet fully published: the correlator's open work, or an incident waiting for
+        its witnesses (from its summary on: a crash then loses only its header's trigger and usage)."""
+        seqs = [self.correlator.pending_since_seq] + [i.kernel_seq for _, i in self._awaiting_witness]
+        seqs = [s for s in seqs if s is not None]
+        return min(seqs) if seqs else None
+
     def _save_cursor(self) -> None:
-        pending = self.correlator.pending_since_seq
+        pending = self._pending_since_seq()
         cursor = pending - 1 if pending is not None else self.correlator.last_seq
         if cursor is None and self.store.cursor_seq is not None:
             cursor = self.store.cursor_seq
@@ -333,7 +396,7 @@ class Agent:
             out = self.correlator.feed(item)
             self.store.count_kmsg(records=1, parse_errors=self.correlator.stats.parse_errors - errors_before)
             if out:
-                self.publish(out, live)
+                self._deliver(out, live)
                 return True
         elif isinstance(item, Lost):
             self.correlator.lost(item.count or 0)
@@ -378,13 +441,16 @@ class Agent:
                 live = True
                 if self._stop.is_set():
                     break
-                timeout = self.config.quiet_seconds if self.correlator.pending else None
-                if reader.wait(timeout, self._wake_r) or self._stop.is_set():
+                timeouts = [t for t in (self.config.quiet_seconds if self.correlator.pending else None,
+                                        self._witness_timeout()) if t is not None]
+                got_records = reader.wait(min(timeouts) if timeouts else None, self._wake_r)
+                self._release_witnessed(live)
+                if got_records or self._stop.is_set():
                     continue
                 # Quiet long enough: an incident still open is complete (a wake-up with nothing new is not
                 # quiet, the kernel may be between two lines of one group listing).
-                if time.monotonic() - last_record >= self.config.quiet_seconds:
-                    self.publish(self.correlator.flush(), live)
+                if self.correlator.pending and time.monotonic() - last_record >= self.config.quiet_seconds:
+                    self._deliver(self.correlator.flush(), live)
         except Exception as exc:
             self.kmsg_error = f"kernel log reader stopped: {exc}"
             log.exception("kernel log reader stopped")
@@ -431,7 +497,7 @@ class Agent:
         return self.store.cursor_seq
 
     def _advance_cursor_only(self) -> None:
-        pending = self.correlator.pending_since_seq
+        pending = self._pending_since_seq()
         cursor = pending - 1 if pending is not None else self.correlator.last_seq
         self.store.set_cursor(self.boot_id, cursor)
 
@@ -459,6 +525,14 @@ class Agent:
         self._watcher_thread.start()
         self.http = HttpSink(self.config.listen, self.registry, self.store, self.health)
         self.http.start()
+        if self.config.proc_connector:
+            connector = ProcConnector(self._process_exited, self.clock)
+            try:
+                connector.start()
+                self.proc_connector = connector
+            except ProcConnectorUnavailable as exc:
+                self.proc_connector_error = str(exc)
+                log.error("%s; group kills are reported from the kernel log alone", exc)
         if self.pod_index is not None:
             self.pod_index.start()
         if self.pod_events is not None:
@@ -483,7 +557,10 @@ class Agent:
             self._kmsg_thread.join(timeout=5)
         # Incidents finished but held back are complete: publish them. One still being printed is left
         # to the next start, which re-reads the log from its first record (the cursor stops before it).
-        self.publish(self.correlator.release_finished(), live=True)
+        self._deliver(self.correlator.release_finished(), live=True)
+        self._release_witnessed(live=True, everything=True)
+        if self.proc_connector is not None:
+            self.proc_connector.stop()
         if self.pod_events is not None:
             self.pod_events.stop()
         if self.pod_index is not None:

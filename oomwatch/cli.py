@@ -81,12 +81,16 @@ def main() -> None:
                                       "training jobs) and post pod Events; off: never talk to the API server.")
 @click.option("--pod-events/--no-pod-events", envvar="OOMWATCH_POD_EVENTS", default=True, show_default=True,
               help="Record a Kubernetes Event on the pod for each incident (needs --kube-api auto).")
+@click.option("--proc-connector/--no-proc-connector", envvar="OOMWATCH_PROC_CONNECTOR", default=False,
+              show_default=True, help="Also listen to the kernel's proc connector for processes a group kill took "
+                                      "down without a log line (needs CAP_NET_ADMIN up to 6.1, the host's pid and "
+                                      "network namespaces).")
 @click.option("--grace-period", envvar="OOMWATCH_GRACE_PERIOD", type=click.FloatRange(min=0), default=600.0,
               show_default=True, help="Seconds a gone workload's series stay before they are dropped.")
 @click.option("--log-level", envvar="OOMWATCH_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, listen, events_file,
-          state_dir, node_name, kube_api, pod_events, grace_period, log_level) -> None:
+          state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, log_level) -> None:
     """Run the node agent: follow the kernel log and the cgroup tree, publish every OOM kill as an incident,
     serve Prometheus metrics. Stops cleanly on SIGTERM (state flushed, exit 0).
 
@@ -105,7 +109,8 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
         raise click.BadParameter(str(exc), param_hint="--listen")
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, listen=listen, events_file=events_file,
                     state_dir=state_dir, kubelet_config=kubelet_config, run_root=run_root, pod_log_dir=pod_log_dir,
-                    node_name=node_name, kube_api=kube_api, pod_events=pod_events, grace_period=grace_period,
+                    node_name=node_name, kube_api=kube_api, pod_events=pod_events, proc_connector=proc_connector,
+                    grace_period=grace_period,
                     boot_time=_boot_time(boot_time))
     try:
         code = Agent(config).run_until_signalled()

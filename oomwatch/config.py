@@ -23,6 +23,7 @@ class Config:
     kube_api: str = "auto"  # auto | off
     pod_events: bool = True
     grace_period: float = 600.0
+    proc_connector: bool = False  # witness SIGKILLed processes the kernel log does not name
     # How long the kernel log must stay quiet before an incident still being printed is taken as complete.
     quiet_seconds: float = 0.25
     boot_time: Optional[float] = None  # epoch of kernel time 0 for saved logs; None = this host's

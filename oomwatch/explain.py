@@ -36,6 +36,15 @@ def _others(procs: tuple[KilledProcess, ...], limit: int = 3) -> str:
 
 
 def explain(incident: Incident, single_process_oom_kill: str = "unknown") -> str:
+    sentence = _explain(incident, single_process_oom_kill)
+    if incident.died_with:
+        n = len(incident.died_with)
+        sentence += (f" {n} more process{'es' if n > 1 else ''} of {incident.group_cgroup} died with it by SIGKILL "
+                     "without a kernel log line (seen by the proc connector).")
+    return sentence
+
+
+def _explain(incident: Incident, single_process_oom_kill: str) -> str:
     w = incident.workload
     victim = incident.victim
     who = w.display_name() if w.cgroup or w.pod else (victim.cgroup or "an unknown cgroup")

@@ -254,6 +254,7 @@ class Incident:
     explanation: str
     detected_at: float
     exiting: tuple[dict[str, Any], ...] = ()  # `OOM victim … already exiting`: died with it, not killed by it
+    died_with: tuple[dict[str, Any], ...] = ()  # SIGKILLed in the group cgroup, no kernel line (proc connector)
     workloads: tuple[Workload, ...] = field(default=())  # every workload that lost a process, victim's first
 
     @property
@@ -294,4 +295,6 @@ class Incident:
         }
         if self.exiting:
             out["exiting"] = list(self.exiting)
+        if self.died_with:
+            out["died_with"] = list(self.died_with)
         return out

@@ -41,6 +41,7 @@ AGENT_ENV = {
     "OOMWATCH_GRACE_PERIOD",
     "OOMWATCH_POD_EVENTS",
     "OOMWATCH_LOG_LEVEL",
+    "OOMWATCH_PROC_CONNECTOR",
 }
 
 # Metric names of CONTRACT.md (histogram and counter sample names included) plus Prometheus' `up`.

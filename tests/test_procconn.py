@@ -1,0 +1,80 @@
+"""The proc connector: exit events as values, the real netlink connector on this machine, and the agent
+naming the processes a group kill took down without a kernel log line."""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from oomwatch.sources.procconn import ProcConnector, ProcessExit, exit_from_event, terminating_signal
+from tests.conftest import SeqpacketKmsg, incidents_of, running_agent, wait_for
+from tests.test_agent import GOLDEN, agent_config
+
+
+def test_wait_status_and_exit_events() -> None:
+    assert terminating_signal(9) == 9 and terminating_signal(15) == 15
+    assert terminating_signal(0) is None and terminating_signal(1 << 8) is None  # exit(1)
+    assert terminating_signal(0x137F) is None  # stopped, not dead
+    event = {"event": "PROC_EVENT_EXIT", "process_pid": 42, "process_tgid": 42, "exit_code": 9}
+    assert exit_from_event(event, 5.0) == ProcessExit(pid=42, signal=9, time=5.0)
+    assert exit_from_event(dict(event, process_pid=43), 5.0) is None  # a thread of 42
+    assert exit_from_event(dict(event, exit_code=0), 5.0) is None
+    assert exit_from_event(dict(event, event="PROC_EVENT_FORK"), 5.0) is None
+
+
+def test_the_real_connector_sees_a_sigkill() -> None:
+    exits: queue.Queue = queue.Queue()
+    connector = ProcConnector(exits.put, time.time)
+    connector.start()  # root here, in the initial namespaces: it must work
+    try:
+        child = subprocess.Popen(["sleep", "60"])
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        deadline = time.monotonic() + 5
+        seen = None
+        while time.monotonic() < deadline and seen is None:
+            e = exits.get(timeout=5)
+            seen = e if e.pid == child.pid else None
+        assert seen is not None and seen.signal == 9
+    finally:
+        connector.stop()
+        subprocess.run(["true"])  # any process event lets the blocked reader see the stop
+        assert wait_for(lambda: not connector.alive)
+    assert connector.error is None
+
+
+def test_group_kill_lists_processes_that_died_unlogged(tmp_path: Path) -> None:
+    """As when a group kill takes a container's PID 1: the kernel logs two kills, a third process of the
+    group dies by SIGKILL without a line; the agent names it from the proc connector."""
+    tree = tmp_path / "cgroup"
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    bystander = subprocess.Popen(["sleep", "60"])
+    (tree / "b" / "cgroup.procs").write_text(f"{bystander.pid}\n")  # seen alive in /b at start
+    kmsg = SeqpacketKmsg()
+    config = agent_config(tmp_path, cgroup_root=str(tree), proc_connector=True)
+    try:
+        with running_agent(config, kmsg_factory=kmsg.factory) as agent:
+            assert agent.proc_connector is not None, agent.proc_connector_error
+            kmsg.send([
+                b"3,10,1000,-;Memory cgroup out of memory: Killed process 7001 (python3) total-vm:9kB, anon-rss:9kB, "
+                b"file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n",
+                b"6,11,1001,-;Tasks in /b are going to be killed due to memory.oom.group set\n",
+                b"3,12,1002,-;Memory cgroup out of memory: Killed process 7000 (sh) total-vm:9kB, anon-rss:9kB, "
+                b"file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n",
+            ])
+            bystander.send_signal(signal.SIGKILL)
+            bystander.wait()
+            assert wait_for(lambda: len(incidents_of(agent)) == 1)
+            incident = incidents_of(agent)[0]
+    finally:
+        bystander.kill()
+    assert [p["pid"] for p in incident["killed"]] == [7001, 7000]
+    assert incident["died_with"] == [{"pid": bystander.pid, "cgroup": "/b", "signal": 9}]
+    assert "1 more process of /b died with it by SIGKILL" in incident["explanation"]
+    lines = (tmp_path / "events.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["died_with"] == incident["died_with"]
