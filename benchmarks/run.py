@@ -12,7 +12,6 @@ Targets (what a node agent must hold; checked here, never in timed unit tests):
 
 from __future__ import annotations
 
-import os
 import resource
 import shutil
 import sys

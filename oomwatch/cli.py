@@ -48,7 +48,7 @@ def _boot_time(value: Optional[str]) -> Optional[float]:
     try:
         return parse_since(value, time.time())
     except ValueError as exc:
-        raise click.BadParameter(str(exc).replace("--since", "--boot-time"), param_hint="--boot-time")
+        raise click.BadParameter(str(exc).replace("--since", "--boot-time"), param_hint="--boot-time") from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -106,7 +106,7 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
     try:
         parse_listen(listen)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--listen")
+        raise click.BadParameter(str(exc), param_hint="--listen") from None
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, listen=listen, events_file=events_file,
                     state_dir=state_dir, kubelet_config=kubelet_config, run_root=run_root, pod_log_dir=pod_log_dir,
                     node_name=node_name, kube_api=kube_api, pod_events=pod_events, proc_connector=proc_connector,
@@ -115,7 +115,7 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
     try:
         code = Agent(config).run_until_signalled()
     except OSError as exc:
-        raise click.ClickException(f"cannot start: {exc}")
+        raise click.ClickException(f"cannot start: {exc}") from exc
     sys.exit(code)
 
 
@@ -149,7 +149,7 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
         try:
             since_ts = parse_since(since, time.time())
         except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--since")
+            raise click.BadParameter(str(exc), param_hint="--since") from None
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, kubelet_config=kubelet_config,
                     run_root=run_root, pod_log_dir=pod_log_dir, boot_time=_boot_time(boot_time))
     source = click.core.ParameterSource.DEFAULT

@@ -8,7 +8,7 @@ from pathlib import Path
 import oomwatch.workloads.kubeapi as kubeapi
 from oomwatch.sinks.k8s_events import PodEventRecorder
 from tests.conftest import SeqpacketKmsg, incidents_of, running_agent, wait_for
-from tests.test_agent import GOLDEN, agent_config
+from tests.test_agent import agent_config
 from tests.test_k8s_events import FakeEventsApi
 from tests.test_kubeapi import NODE, PYTORCH_UID, FakeApiServer
 

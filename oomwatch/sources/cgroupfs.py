@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import Callable, Iterator, Optional
 
 from oomwatch.model import CgroupStats
