@@ -177,6 +177,11 @@ def _summary_lines(r: E2ERun) -> list[str]:
         for d in sc.gt.get("agent", {}).get("detection", []):
             if d.get("latency_seconds") is not None:
                 lines.append(f"  {name:24s} seq={d['seq']}: {d['latency_seconds']:.3f}s")
+            elif d.get("after_resume_seconds") is not None:
+                lines.append(
+                    f"  {name:24s} seq={d['seq']}: published {d['after_resume_seconds']:.2f}s after the "
+                    f"paused agent resumed"
+                )
             elif d.get("after_restart_seconds") is not None:
                 lines.append(
                     f"  {name:24s} seq={d['seq']}: published {d['after_restart_seconds']:.2f}s after the "

@@ -10,11 +10,14 @@ Run: sudo bash scripts/setup-vm && .venv/bin/pytest -m e2e tests/e2e -s   (see d
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from datetime import datetime, timezone
 
 import pytest
 
+from tests.deploy.dashboard import panel_queries
 from tests.e2e.conftest import E2ERun, ScenarioRun, select
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +29,15 @@ OOM_SCENARIOS = [
     "d1_systemd_containerd",
     "d2_crio_systemd",
     "e_global_oom",
+    "h_deleted_container",
+    "i_prometheus_dashboard",
 ]
+# h: the agent is paused (SIGSTOP) through the kill and the container's deletion, so its latency and the
+# cgroup's final memory.events (gone before the agent could read them) are not the agent's to know
+LIVE_SCENARIOS = [n for n in OOM_SCENARIOS if n != "h_deleted_container"]
+DASHBOARD = os.path.join(
+    os.path.dirname(__file__), "..", "..", "deploy", "grafana", "oomwatch-dashboard.json"
+)
 MAX_LATENCY = float(os.environ.get("OOMWATCH_E2E_MAX_LATENCY", "5"))
 CONSTRAINT = {
     "CONSTRAINT_MEMCG": "memcg",
@@ -227,7 +238,34 @@ def test_agent_incident_matches_kernel(e2e: E2ERun, name: str):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("name", OOM_SCENARIOS)
+def counter_problems(e2e: E2ERun, sc: ScenarioRun, k) -> list[str]:
+    """The victim container's kill counters and last-kill time against the kernel's record of the kill."""
+    wcg, wl = victim_workload(sc, k)
+    ids = {"namespace": wl["namespace"], "pod": wl["pod"], "container": wl["container"]}
+
+    def val(metric, **labels):
+        s = select(sc.metrics, metric, **ids, **labels)
+        return sum(x.value for x in s) if s else None
+
+    problems = []
+    got = {
+        "kills[kind]": val("oomwatch_oom_kills_total", kind=k.kind),
+        "kills[other kind]": val("oomwatch_oom_kills_total", kind="single" if k.kind == "group" else "group"),
+        "victims": val("oomwatch_oom_killed_processes_total", role="victim"),
+        "collateral": val("oomwatch_oom_killed_processes_total", role="collateral"),
+    }
+    # collateral counted per workload: the killed pids that were in the victim's container
+    same = [p for p in k.killed_pids if p != k.victim_pid and (pid_cgroup(sc, k, p) in (None, wcg))]
+    want = {"kills[kind]": 1, "kills[other kind]": 0, "victims": 1, "collateral": len(same)}
+    if got != want:
+        problems.append(f"{ids}: {got} != kernel {want}")
+    ts = val("oomwatch_last_oom_kill_timestamp_seconds")
+    if ts is None or abs(ts - e2e.kmsg_to_wall(k.usec)) > 1.5:
+        problems.append(f"last_oom_kill_timestamp_seconds: agent {ts}, kernel {e2e.kmsg_to_wall(k.usec):.3f}")
+    return problems
+
+
+@pytest.mark.parametrize("name", LIVE_SCENARIOS)
 def test_agent_metrics_match_kernel(e2e: E2ERun, name: str):
     sc = e2e.scenario(name)
     assert sc.metrics_text is not None, "no /metrics from the agent"
@@ -241,19 +279,7 @@ def test_agent_metrics_match_kernel(e2e: E2ERun, name: str):
             s = select(m, metric, **ids, **labels)
             return sum(x.value for x in s) if s else None
 
-        got = {
-            "kills[kind]": val("oomwatch_oom_kills_total", kind=k.kind),
-            "kills[other kind]": val(
-                "oomwatch_oom_kills_total", kind="single" if k.kind == "group" else "group"
-            ),
-            "victims": val("oomwatch_oom_killed_processes_total", role="victim"),
-            "collateral": val("oomwatch_oom_killed_processes_total", role="collateral"),
-        }
-        # collateral counted per workload: the killed pids that were in the victim's container
-        same = [p for p in k.killed_pids if p != k.victim_pid and (pid_cgroup(sc, k, p) in (None, wcg))]
-        want = {"kills[kind]": 1, "kills[other kind]": 0, "victims": 1, "collateral": len(same)}
-        if got != want:
-            problems.append(f"{ids}: {got} != kernel {want}")
+        problems += counter_problems(e2e, sc, k)
         after = sc.gt["cgroups"][wcg]["after"]
         for event in ("oom_kill", "oom_group_kill", "oom", "max"):
             if after["memory.events"] and event in after["memory.events"]:
@@ -266,11 +292,6 @@ def test_agent_metrics_match_kernel(e2e: E2ERun, name: str):
         og = val("oomwatch_memory_oom_group")
         if after["memory.oom.group"] is not None and og != float(after["memory.oom.group"]):
             problems.append(f"memory_oom_group: agent {og}, cgroup {after['memory.oom.group']}")
-        ts = val("oomwatch_last_oom_kill_timestamp_seconds")
-        if ts is None or abs(ts - e2e.kmsg_to_wall(k.usec)) > 1.5:
-            problems.append(
-                f"last_oom_kill_timestamp_seconds: agent {ts}, kernel {e2e.kmsg_to_wall(k.usec):.3f}"
-            )
     # workloads that lost nothing are exported at 0
     for cg, wl in sc.gt["workloads"].items():
         if wl["type"] != "k8s-container" or any(victim_workload(sc, k)[0] == cg for k in sc.kernel):
@@ -415,7 +436,7 @@ def test_node_metrics_count_every_kernel_incident(e2e: E2ERun):
 # ----------------------------------------------------------------------------------------- latency
 def test_detection_latency(e2e: E2ERun):
     rows, slow, missing = [], [], []
-    for name in OOM_SCENARIOS:
+    for name in LIVE_SCENARIOS:
         sc = e2e.scenario(name)
         for d in sc.gt.get("agent", {}).get("detection", []):
             lat = d.get("latency_seconds")
@@ -429,3 +450,115 @@ def test_detection_latency(e2e: E2ERun):
     print("\ndetection latency (kernel kill -> visible on /incidents, TCG guest):\n  " + "\n  ".join(rows))
     assert not missing, f"not published: {missing}"
     assert not slow, f"slower than {MAX_LATENCY}s: {slow}"
+
+
+# ----------------------------------------------------------------------------------------- deleted container
+def test_deleted_container_is_named_from_its_bundle(e2e: E2ERun):
+    """Group-killed, `runc delete`d, bundle and cgroup removed while the agent was paused: the names come
+    from the bundle the agent read when the container's cgroup appeared."""
+    sc = e2e.scenario("h_deleted_container")
+    a, gone = sc.gt["agent"], sc.gt.get("deleted") or {}
+    assert a.get("workload_seen_after") is not None, "the agent never exported the container before its kill"
+    assert a.get("paused"), "the agent was not paused through the kill"
+    assert gone.get("runc_delete_rc") == 0, gone
+    assert gone.get("runc_state_rc_after") != 0, f"runc still knows the container: {gone}"
+    assert gone.get("bundle_exists") is False and gone.get("cgroup_exists") is False, gone
+    assert gone.get("pod_log_dir_exists") is False, "a kubelet pod log directory could have named it"
+    assert len(sc.kernel) == 1 and sc.kernel[0].kind == "group", [k.summary() for k in sc.kernel]
+    k = sc.kernel[0]
+    wcg, wl = victim_workload(sc, k)
+    # the annotations the container was created with (its OCI config, saved before the bundle went)
+    cfg = json.loads((sc.dir / f"config-{wl['container_id'][:12]}.json").read_text())
+    ann = cfg["annotations"]
+    assert cfg["linux"]["cgroupsPath"] == wcg == k.task_memcg
+    want = {
+        "type": "k8s-container",
+        "namespace": ann["io.kubernetes.cri.sandbox-namespace"],
+        "pod": ann["io.kubernetes.cri.sandbox-name"],
+        "container": ann["io.kubernetes.cri.container-name"],
+        "pod_uid": ann["io.kubernetes.cri.sandbox-uid"],
+        "container_id": wl["container_id"],
+    }
+    require_agent_view(sc, e2e)
+    found = agent_matches(sc.incidents, k)
+    assert len(found) == 1, f"agent published {len(found)} incidents for {k.summary()}"
+    w = found[0].get("workload") or {}
+    assert {key: w.get(key) for key in want} == want
+    assert want["container"] in found[0].get("explanation", ""), found[0].get("explanation")
+    # the per-container series carry the same names, and count this kill as the kernel logged it
+    assert sc.metrics_text is not None, "no /metrics from the agent"
+    s = select(
+        sc.metrics,
+        "oomwatch_oom_kills_total",
+        namespace=want["namespace"],
+        pod=want["pod"],
+        container=want["container"],
+        kind="group",
+    )
+    assert [x.value for x in s] == [1.0], f"oom_kills_total{{kind=group}} for {want}: {s}"
+    problems = counter_problems(e2e, sc, k)
+    assert not problems, "\n".join(problems)
+    # published as soon as the agent ran again
+    d = a["detection"][0]
+    assert d.get("after_resume_seconds") is not None, "not published after the agent resumed"
+    assert d["after_resume_seconds"] <= MAX_LATENCY, d
+
+
+# ------------------------------------------------------------------------------------- Prometheus + Grafana
+def dashboard_run(e2e: E2ERun) -> tuple[ScenarioRun, dict]:
+    sc = e2e.scenario("i_prometheus_dashboard")
+    p = sc.dir / "dashboard-queries.json"
+    if not p.exists():
+        pytest.fail(f"no dashboard queries were run: {sc.gt['errors'] or 'see driver.log'}")
+    return sc, json.loads(p.read_text())
+
+
+def test_prometheus_scraped_the_agent(e2e: E2ERun):
+    sc, d = dashboard_run(e2e)
+    pg = sc.gt["prometheus"]
+    assert pg.get("ready_after") is not None, "Prometheus never became ready"
+    scr = pg["scrapes"]
+    assert scr["up_samples"] and scr["up_sum"] == scr["up_samples"], f"failed scrapes: {scr}"
+    # the kill's workload was scraped at 0 before it and at 1 after it: increase() sees the first kill
+    assert pg["samples_before_kill"] >= 2 and pg["value_before_kill"] == 0, pg
+    assert pg["samples_total"] >= pg["samples_before_kill"] + 2, pg
+    targets = d["targets"]["data"]["activeTargets"]
+    assert [(t["labels"].get("job"), t["health"]) for t in targets] == [("oomwatch", "up")], targets
+
+
+def test_dashboard_variables_have_values(e2e: E2ERun):
+    sc, d = dashboard_run(e2e)
+    bad = [v for v in d["variables"] if v.get("status") != "success" or not v.get("values")]
+    assert not bad, "template variables without values:\n" + json.dumps(bad, indent=1)
+    node = next(v for v in d["variables"] if v["name"] == "node")
+    assert node["values"] == [sc.gt["prometheus"]["node"]]
+
+
+def test_every_dashboard_panel_returns_data(e2e: E2ERun):
+    """Every query of every panel, through Prometheus's HTTP API, returned at least one sample (not NaN)."""
+    sc, d = dashboard_run(e2e)
+    expected = panel_queries(DASHBOARD, d["values_used"])
+    ran = [(q["panel"], q["expr"]) for q in d["queries"]]
+    assert ran == expected, "the guest did not run exactly the dashboard's queries"
+    failed = []
+    for q in d["queries"]:
+        res = q.get("result")
+        if q.get("status") != "success":
+            failed.append(f"panel {q['panel']!r}: {q['expr']}\n    error: {q.get('error')}")
+        elif not res:
+            failed.append(f"panel {q['panel']!r}: {q['expr']}\n    empty result ({q.get('resultType')})")
+        elif q.get("resultType") == "vector" and all(math.isnan(float(r["value"][1])) for r in res):
+            failed.append(f"panel {q['panel']!r}: {q['expr']}\n    only NaN: {res}")
+    print(f"\n{len(d['queries'])} dashboard queries run against Prometheus, {len(failed)} without data")
+    assert not failed, f"{len(failed)} panel queries returned no data:\n" + "\n".join(failed)
+
+
+def test_dashboard_shows_the_kill_prometheus_saw(e2e: E2ERun):
+    """The in-window kill (kernel's record) is the one row of "Top containers by OOM kills"."""
+    sc, d = dashboard_run(e2e)
+    assert len(sc.kernel) == 1
+    _, wl = victim_workload(sc, sc.kernel[0])
+    top = next(q for q in d["queries"] if q["panel"] == "Top containers by OOM kills")
+    keys = ("namespace", "pod", "container")
+    rows = [{key: r["metric"].get(key) for key in keys} for r in top["result"]]
+    assert {"namespace": wl["namespace"], "pod": wl["pod"], "container": wl["container"]} in rows, rows

@@ -91,6 +91,7 @@ class VMEnv:
     kernel_version: str
     vmlinuz: Path
     rootfs: Path
+    prometheus: Path | None = None  # Debian's Prometheus server (scenario i), from scripts/setup-vm
     setup_seconds: float = 0.0
 
 
@@ -136,12 +137,19 @@ def prepare() -> VMEnv:
     for line in (CACHE / "env").read_text().splitlines():
         k, _, v = line.partition("=")
         env[k] = v
-    vm = VMEnv(env["KVER"], Path(env["VMLINUZ"]), Path(env["ROOTFS"]), time.monotonic() - t)
+    vm = VMEnv(
+        env["KVER"],
+        Path(env["VMLINUZ"]),
+        Path(env["ROOTFS"]),
+        Path(env["PROMETHEUS"]) if env.get("PROMETHEUS") else None,
+        time.monotonic() - t,
+    )
     for p, what in (
         (vm.vmlinuz, "kernel image"),
         (vm.rootfs / "bin" / "busybox", "container rootfs"),
         (VENV / "bin" / "vng", "virtme-ng"),
         (Path(f"/lib/modules/{vm.kernel_version}/modules.dep"), "kernel modules"),
+        (vm.prometheus or Path("/nonexistent/prometheus"), "Prometheus server"),
     ):
         if not p.exists():
             raise VMUnavailable(f"{what} missing at {p} after scripts/setup-vm")
@@ -248,7 +256,9 @@ def _which(name: str) -> str | None:
     return None
 
 
-def scenario_argv(vm: VMEnv, out_dir: Path, only: str = "", agent: Path | None = None) -> list[str]:
+def scenario_argv(
+    vm: VMEnv, out_dir: Path, only: str = "", agent: Path | None = None, demo: bool = False
+) -> list[str]:
     argv = [
         str(VENV / "bin" / "python"),
         str(GUEST_DIR / "driver.py"),
@@ -259,8 +269,12 @@ def scenario_argv(vm: VMEnv, out_dir: Path, only: str = "", agent: Path | None =
         "--agent",
         str(agent or VENV / "bin" / "oomwatch"),
     ]
+    if vm.prometheus:
+        argv += ["--prometheus", str(vm.prometheus)]
     if only:
         argv += ["--only", only]
+    if demo:
+        argv += ["--demo"]
     return argv
 
 
@@ -277,6 +291,9 @@ def compile_python() -> subprocess.Popen:
             "-j0",
             str(REPO / "oomwatch"),
             str(GUEST_DIR),
+            str(REPO / "tests" / "__init__.py"),
+            str(REPO / "tests" / "deploy" / "__init__.py"),
+            str(REPO / "tests" / "deploy" / "dashboard.py"),
             str(next((VENV / "lib").glob("python3*/site-packages"))),
         ],
         stdout=subprocess.DEVNULL,

@@ -44,6 +44,9 @@ CONTAINERD_RUNC_ROOT = "/run/containerd/runc/k8s.io"
 CONTAINERD_TASKS = "/run/containerd/io.containerd.runtime.v2.task/k8s.io"
 CRIO_RUNC_ROOT = "/run/runc"
 CRIO_STORAGE = "/run/containers/storage/overlay-containers"
+PROM_ADDR = "127.0.0.1:9090"
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+DASHBOARD = os.path.join(REPO, "deploy", "grafana", "oomwatch-dashboard.json")
 
 OUT = ""
 T0 = time.monotonic()
@@ -297,6 +300,17 @@ class Agent:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def pause(self) -> bool:
+        """SIGSTOP every thread of the agent: it reads nothing until resume() (no HTTP calls meanwhile)."""
+        if not self.alive():
+            return False
+        self.proc.send_signal(signal.SIGSTOP)
+        return True
+
+    def resume(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self, timeout: float = 30) -> dict:
         rec: dict = {"mono": time.monotonic()}
         self.stops.append(rec)
@@ -345,11 +359,11 @@ class Agent:
             return f"# error: {e}\n"
 
 
-def http_get(path: str, timeout: float) -> tuple[int, bytes]:
+def http_get(path: str, timeout: float, addr: str = AGENT_ADDR) -> tuple[int, bytes]:
     """Minimal HTTP/1.0 GET (urllib's imports cost seconds of startup under TCG). Raises OSError."""
-    host, port = AGENT_ADDR.rsplit(":", 1)
+    host, port = addr.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=timeout) as s:
-        s.sendall(f"GET {path} HTTP/1.0\r\nHost: {AGENT_ADDR}\r\nConnection: close\r\n\r\n".encode())
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n".encode())
         chunks = []
         while True:
             b = s.recv(65536)
@@ -918,6 +932,18 @@ class Scenario:
         self.gt["agent"]["detection"] = lat
         self.record_after(cgroups)
 
+    def wait_agent_sees(self, container: str) -> float | None:
+        """Wait until the agent exports the container's series (it read the bundle when the cgroup
+        appeared); seconds it took, or None."""
+        ctx = self.ctx
+        t = time.monotonic()
+        end = t + ctx.agent_wait
+        while ctx.agent.alive() and time.monotonic() < end:
+            if f'container="{container}"' in (ctx.agent.metrics() or ""):
+                return time.monotonic() - t
+            time.sleep(0.25)
+        return None
+
     def record_after(self, cgroups: list[str]) -> None:
         time.sleep(0.3)
         self.snapshot("after", cgroups)
@@ -1306,6 +1332,128 @@ class Restart(Scenario):
         self.save_agent_view()
 
 
+class DeletedContainer(Scenario):
+    name = "h_deleted_container"
+    description = (
+        "containerd + cgroupfs, limit 48M, oom.group=1: the container is group-killed while the agent is "
+        "paused (SIGSTOP), then, as containerd and the kubelet do when a container exits, `runc delete`d, "
+        "its bundle directory and its cgroup removed; the agent, resumed, must still name it from the "
+        "bundle it read when the container's cgroup appeared"
+    )
+
+    def setup(self):
+        p = self.pod("cgroupfs", "burstable", self.name, "research", "sweep-42")
+        self.gt["pod"] = p
+        self.hog = self.container(
+            p,
+            "containerd",
+            "optimizer",
+            sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
+            limit=48 << 20,
+            oom_group=1,
+            trigger=True,
+        )
+        self.hog.run()
+        self.hog.wait_procs(2)
+        self.gt["expect"] = {
+            "scope": "container",
+            "kind": "group",
+            "constraint": "memcg",
+            "victim_workload": self.hog.cgroup,
+            "group_cgroup": self.hog.cgroup,
+        }
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
+
+    def cgroups_of_interest(self):
+        return self.gt["cgroups_tracked"]
+
+    def act(self):
+        ctx = self.ctx
+        cgs = self.gt["cgroups_tracked"]
+        a = self.gt["agent"]
+        # the agent reads the bundle when the container's cgroup appears: give it that chance, no more
+        a["workload_seen_after"] = self.wait_agent_sees("optimizer")
+        if a["workload_seen_after"] is None:
+            self.gt["errors"].append("the agent never exported the container before the kill")
+        self.record_pids_before(cgs)
+        self.snapshot("before", cgs)
+        seq0 = ctx.kmsg.last_seq()
+        a["paused"] = ctx.agent.pause()
+        t_pause = time.monotonic()
+        try:
+            self.gt["t_trigger_mono"] = self.hog.fire()
+            end = time.monotonic() + 60
+            while time.monotonic() < end and not (
+                ctx.kmsg.incidents_since(seq0) and not cg_procs(self.hog.cgroup)
+            ):
+                time.sleep(0.05)
+            ctx.kmsg.wait_quiet(1.0, 20)
+            incs = ctx.kmsg.incidents_since(seq0)
+            for k in incs:
+                log(f"  kernel (agent paused): {k.summary()}")
+            self.gt["kernel_incidents"] = [
+                {"seq": k.seq, "victim_pid": k.victim_pid, "usec": k.usec, "summary": k.summary()}
+                for k in incs
+            ]
+            # the kernel's counters at the kill, read before anything is removed
+            self.snapshot("after", cgs)
+            self.record_pids_after()
+            # what containerd and the kubelet do when a container exits: delete it, its bundle, its cgroup
+            t_del = time.monotonic()
+            bundle = self.hog.bundle
+            r = subprocess.run(
+                ["runc", "--root", self.hog.root, "delete", "-f", self.hog.id],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            shutil.rmtree(bundle, ignore_errors=True)
+            self.hog.started = False
+            if os.path.isdir(f"{CG}{self.hog.cgroup}"):
+                os.rmdir(f"{CG}{self.hog.cgroup}")
+            st = subprocess.run(
+                ["runc", "--root", self.hog.root, "state", self.hog.id], capture_output=True, text=True
+            )
+            self.gt["deleted"] = {
+                "runc_delete_rc": r.returncode,
+                "runc_delete_stderr": r.stderr[-500:],
+                "runc_state_rc_after": st.returncode,
+                "bundle_exists": os.path.exists(bundle),
+                "cgroup_exists": os.path.isdir(f"{CG}{self.hog.cgroup}"),
+                # the kubelet's pod log directory would name the pod too: there is none for this pod
+                "pod_log_dir_exists": os.path.isdir(
+                    f"/var/log/pods/{self.gt['pod']['namespace']}_{self.gt['pod']['name']}_"
+                    f"{self.gt['pod']['uid']}"
+                ),
+                "seconds_after_trigger": time.monotonic() - self.gt["t_trigger_mono"],
+                "delete_seconds": time.monotonic() - t_del,
+            }
+            log(f"  container deleted while the agent was paused: {self.gt['deleted']}")
+        finally:
+            ctx.agent.resume()
+            a["paused_seconds"] = time.monotonic() - t_pause
+        t_resume = time.monotonic()
+        seen: dict[int, float] = {}
+        end = time.monotonic() + ctx.agent_wait
+        while ctx.agent.alive() and time.monotonic() < end and len(seen) < len(incs):
+            agent_incs = ctx.agent.incidents() or []
+            for i, k in enumerate(incs):
+                if i not in seen and any(incident_matches(x, k) for x in agent_incs):
+                    seen[i] = time.monotonic()
+            time.sleep(0.1)
+        a["detection"] = [
+            {
+                "seq": k.seq,
+                "victim_pid": k.victim_pid,
+                "kill_mono": ctx.kmsg_to_mono(k.first_kill_usec or k.usec),
+                "visible_mono": seen.get(i),
+                "after_resume_seconds": (seen[i] - t_resume) if i in seen else None,
+            }
+            for i, k in enumerate(incs)
+        ]
+        self.save_agent_view()
+
+
 class GlobalOom(Scenario):
     name = "e_global_oom"
     description = (
@@ -1356,7 +1504,363 @@ class GlobalOom(Scenario):
             self.gt["agent"]["healthz_after_global_oom"] = str(e)
 
 
-SCENARIOS = [ContainerGroup, SingleSurvivors, PodScope, SystemdContainerd, Crio, NotOom, Restart, GlobalOom]
+class Prometheus:
+    """Debian's Prometheus server, scraping the agent every second, storage on the guest's tmpfs."""
+
+    def __init__(self, exe: str, out_dir: str):
+        self.exe, self.out_dir = exe, out_dir
+        self.data = f"{WORK}/prometheus"
+        self.log_path = os.path.join(out_dir, "prometheus.log")
+        self.proc: subprocess.Popen | None = None
+        self.node = os.uname().nodename or "oomwatch-e2e"
+
+    def config(self) -> str:
+        # the shape docs/deploy.md gives: honor_labels (the agent's namespace/pod/container labels are the
+        # workload's), a `node` label (from the pod's node name there; the guest's host name here)
+        return (
+            "global:\n"
+            "  scrape_interval: 1s\n"
+            "  scrape_timeout: 1s\n"
+            "  evaluation_interval: 1s\n"
+            "scrape_configs:\n"
+            "  - job_name: oomwatch\n"
+            "    honor_labels: true\n"
+            "    static_configs:\n"
+            f"      - targets: [\"{AGENT_ADDR}\"]\n"
+            f"        labels: {{node: \"{self.node}\"}}\n"
+        )
+
+    def start(self) -> dict:
+        shutil.rmtree(self.data, ignore_errors=True)
+        os.makedirs(self.data)
+        cfg = os.path.join(self.out_dir, "prometheus.yml")
+        with open(cfg, "w") as f:
+            f.write(self.config())
+        cmd = [
+            self.exe,
+            f"--config.file={cfg}",
+            f"--storage.tsdb.path={self.data}",
+            f"--web.listen-address={PROM_ADDR}",
+            "--log.level=info",
+        ]
+        rec: dict = {"cmd": cmd, "mono": time.monotonic()}
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, preexec_fn=_preexec_protect
+            )
+        rec["pid"] = self.proc.pid
+        return rec
+
+    def wait_ready(self, timeout: float) -> float | None:
+        t = time.monotonic()
+        while time.monotonic() - t < timeout and self.proc and self.proc.poll() is None:
+            try:
+                if http_get("/-/ready", timeout=2, addr=PROM_ADDR)[0] == 200:
+                    return time.monotonic() - t
+            except OSError:
+                pass
+            time.sleep(0.25)
+        return None
+
+    def api(self, path: str, **params) -> dict:
+        from urllib.parse import urlencode
+
+        url = f"{path}?{urlencode(params, doseq=True)}" if params else path
+        code, body = http_get(url, timeout=30, addr=PROM_ADDR)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = {"status": "error", "error": f"HTTP {code}: {body[:300]!r}"}
+        data["http_status"] = code
+        return data
+
+    def query(self, expr: str) -> dict:
+        return self.api("/api/v1/query", query=expr)
+
+    def value(self, expr: str) -> float | None:
+        """The first sample's value of an instant query (None: no data or an error)."""
+        try:
+            r = self.query(expr)
+            res = r["data"]["result"]
+            return float(res[0]["value"][1]) if res else None
+        except (OSError, KeyError, IndexError, TypeError, ValueError):
+            return None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _promql_regex_value(values: list[str]) -> str:
+    """A template variable's multi-value selection as Grafana writes it into a regex matcher."""
+    safe = [v for v in values if v and all(c.isalnum() or c in "-_." for c in v)]
+    if not safe or len(safe) != len(values):
+        return ".*"
+    return safe[0] if len(safe) == 1 else "(" + "|".join(safe) + ")"
+
+
+class PrometheusDashboard(Scenario):
+    name = "i_prometheus_dashboard"
+    description = (
+        "Debian's Prometheus server scrapes the agent every 1 s; a container (containerd + cgroupfs, 48M, "
+        "oom.group=1) is group-killed while it scrapes; then every query of every panel of "
+        "deploy/grafana/oomwatch-dashboard.json goes through Prometheus's HTTP API (instant queries)"
+    )
+
+    def setup(self):
+        if not self.ctx.prometheus:
+            raise RuntimeError("no Prometheus server given (--prometheus; scripts/setup-vm provides it)")
+        # Prometheus first: its start (~20 s under TCG) overlaps the container's
+        self.prom = Prometheus(self.ctx.prometheus, self.dir)
+        self.gt["prometheus"] = {"start": self.prom.start(), "node": self.prom.node}
+        p = self.pod("cgroupfs", "burstable", self.name, "reports", "nightly-8f2k")
+        self.gt["pod"] = p
+        self.hog = self.container(
+            p,
+            "containerd",
+            "renderer",
+            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
+            limit=48 << 20,
+            oom_group=1,
+            trigger=True,
+        )
+        self.hog.run()
+        self.hog.wait_procs(3)
+        self.gt["expect"] = {
+            "scope": "container",
+            "kind": "group",
+            "constraint": "memcg",
+            "victim_workload": self.hog.cgroup,
+            "group_cgroup": self.hog.cgroup,
+        }
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
+
+    def cgroups_of_interest(self):
+        return self.gt["cgroups_tracked"]
+
+    def act(self):
+        pg = self.gt["prometheus"]
+        prom = self.prom
+        pg["ready_after"] = prom.wait_ready(120)
+        if pg["ready_after"] is None:
+            raise RuntimeError(f"Prometheus not ready after 120 s (see {self.name}/prometheus.log)")
+        log(f"  Prometheus ready {pg['ready_after']:.1f}s after this check began")
+        sel = 'oomwatch_oom_kills_total{container="renderer"}'
+        # the series at 0 before the kill, several samples of it, so increase() sees the first kill
+        t = time.monotonic()
+        while time.monotonic() - t < 60:
+            n = prom.value(f"max(count_over_time({sel}[10m]))")
+            if n is not None and n >= 3:
+                break
+            time.sleep(0.5)
+        pg["samples_before_kill"] = prom.value(f"max(count_over_time({sel}[10m]))")
+        pg["value_before_kill"] = prom.value(f"sum({sel})")
+        self.oom_and_observe(self.hog)
+        # the kill scraped, and a few samples after it
+        t = time.monotonic()
+        while time.monotonic() - t < 30 and (prom.value(f"sum({sel})") or 0) < 1:
+            time.sleep(0.5)
+        pg["kill_scraped_after"] = time.monotonic() - t
+        time.sleep(3)
+        pg["samples_total"] = prom.value(f"max(count_over_time({sel}[10m]))")
+        pg["scrapes"] = {
+            "up_samples": prom.value('count_over_time(up{job="oomwatch"}[10m])'),
+            "up_sum": prom.value('sum_over_time(up{job="oomwatch"}[10m])'),
+            "max_scrape_duration_seconds": prom.value(
+                'max_over_time(scrape_duration_seconds{job="oomwatch"}[10m])'
+            ),
+        }
+        log(f"  Prometheus: {pg}")
+        self.run_dashboard()
+
+    def run_dashboard(self):
+        """Every template variable's label_values() and every panel query, saved with their results."""
+        import re
+
+        sys.path.insert(0, REPO)
+        from tests.deploy.dashboard import panel_queries, substitute
+
+        prom = self.prom
+        out: dict = {"dashboard": DASHBOARD, "variables": [], "queries": []}
+        with open(DASHBOARD) as f:
+            templating = json.load(f).get("templating", {}).get("list", [])
+        values: dict[str, str] = {}
+        for v in templating:
+            if v.get("type") != "query":
+                continue
+            q = v["query"]["query"] if isinstance(v.get("query"), dict) else v.get("query", "")
+            entry: dict = {"name": v["name"], "query": q}
+            m = re.fullmatch(r"\s*label_values\((.*),\s*(\w+)\s*\)\s*", q)
+            if not m:
+                entry["error"] = "not a label_values(selector, label) query"
+                out["variables"].append(entry)
+                continue
+            selector = substitute(m.group(1), values)
+            entry.update(selector=selector, label=m.group(2))
+            r = prom.api(f"/api/v1/label/{m.group(2)}/values", **{"match[]": selector})
+            entry["status"] = r.get("status")
+            entry["error"] = r.get("error")
+            entry["values"] = r.get("data") if isinstance(r.get("data"), list) else []
+            # the node is the real one Prometheus sees; namespace and pod are "All" (the variables' allValue)
+            values[v["name"]] = (
+                _promql_regex_value(entry["values"]) if v["name"] == "node" else v.get("allValue") or ".*"
+            )
+            entry["value_used"] = values[v["name"]]
+            out["variables"].append(entry)
+        out["values_used"] = values
+        queries = panel_queries(DASHBOARD, values)
+        for title, expr in queries:
+            t = time.monotonic()
+            try:
+                r = prom.query(expr)
+            except OSError as e:
+                r = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+            out["queries"].append(
+                {
+                    "panel": title,
+                    "expr": expr,
+                    "status": r.get("status"),
+                    "error": r.get("error"),
+                    "resultType": (r.get("data") or {}).get("resultType"),
+                    "result": (r.get("data") or {}).get("result"),
+                    "seconds": time.monotonic() - t,
+                }
+            )
+        try:
+            out["targets"] = prom.api("/api/v1/targets")
+            out["buildinfo"] = prom.api("/api/v1/status/buildinfo")
+        except OSError as e:
+            out["targets"] = {"error": str(e)}
+        jdump(os.path.join(self.dir, "dashboard-queries.json"), out)
+        empty = [q["panel"] for q in out["queries"] if not q["result"]]
+        log(f"  dashboard: {len(out['queries'])} queries, {len(empty)} without data: {empty}")
+
+    def finish(self):
+        if getattr(self, "prom", None):
+            self.prom.stop()
+            self.gt["prometheus"]["returncode"] = self.prom.proc.returncode if self.prom.proc else None
+
+
+def say(msg: str) -> None:
+    """A progress line for scripts/demo (the host shows the lines that start with "» ")."""
+    print(f"» {msg}", flush=True)
+    log(msg)
+
+
+NODE_LEVEL = (
+    "oomwatch_node_",
+    "oomwatch_kmsg_",
+    "oomwatch_detection_latency_seconds_count",
+    "oomwatch_detection_latency_seconds_sum",
+    "oomwatch_build_info",
+)
+
+
+def demo_metrics(text: str, namespaces: tuple[str, ...]) -> list[str]:
+    """The `oomwatch_*` samples of the demo's containers and the node-level ones (the pods' series, which
+    add up their containers', and the histogram buckets left out)."""
+    out = []
+    for line in text.splitlines():
+        if not line.startswith("oomwatch_"):
+            continue
+        mine = any(f'namespace="{ns}"' in line for ns in namespaces) and 'container=""' not in line
+        if mine or line.startswith(NODE_LEVEL):
+            out.append(line)
+    return out
+
+
+class Demo(Scenario):
+    name = "demo"
+    description = (
+        "scripts/demo: a group kill (ml/train-0 trainer, 64M, memory.oom.group=1) and a single kill "
+        "(shop/checkout-6c5d api, 64M, memory.oom.group=0) in kubelet-shaped containerd containers"
+    )
+
+    def setup(self):
+        p1 = self.pod("cgroupfs", "burstable", "demo/train", "ml", "train-0")
+        p2 = self.pod("cgroupfs", "burstable", "demo/checkout", "shop", "checkout-6c5d")
+        self.gt["pods"] = [p1, p2]
+        say("starting two containers with runc, laid out as the kubelet and containerd do:")
+        say("  ml/train-0 trainer      64 MiB limit, memory.oom.group=1 (the kubelet's default since 1.28)")
+        say("  shop/checkout-6c5d api  64 MiB limit, memory.oom.group=0 (singleProcessOOMKill: true)")
+        self.trainer = self.container(
+            p1,
+            "containerd",
+            "trainer",
+            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
+            limit=64 << 20,
+            oom_group=1,
+            trigger=True,
+        )
+        self.api = self.container(
+            p2,
+            "containerd",
+            "api",
+            sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
+            limit=64 << 20,
+            oom_group=0,
+            trigger=True,
+        )
+        self.trainer.run()
+        self.api.run()
+        self.trainer.wait_procs(3)
+        self.api.wait_procs(2)
+
+    def act(self):
+        ctx = self.ctx
+        for name in ("trainer", "api"):
+            if self.wait_agent_sees(name) is None:
+                self.gt["errors"].append(f"the agent never exported container {name}")
+        say("ml/train-0 trainer: dd allocates 300 MiB past its 64 MiB limit...")
+        self.oom_and_observe(self.trainer, cgroups=[self.trainer.cgroup])
+        self.report_kills()
+        say("shop/checkout-6c5d api: dd allocates 300 MiB past its 64 MiB limit...")
+        self.oom_and_observe(self.api, cgroups=[self.api.cgroup])
+        self.report_kills()
+        say("running `oomwatch inspect` on the live node (in the VM)...")
+        r = subprocess.run(
+            [ctx.agent.exe, "inspect", "--no-color"], capture_output=True, text=True, timeout=120
+        )
+        inspect_text = r.stdout + (f"\n[inspect exited {r.returncode}]\n{r.stderr}" if r.returncode else "")
+        metrics = demo_metrics(ctx.agent.metrics() or "", ("ml", "shop"))
+        with open(os.path.join(ctx.out, "demo-report.txt"), "w") as f:
+            f.write("$ oomwatch inspect\n")
+            f.write(inspect_text.rstrip("\n") + "\n\n")
+            f.write(
+                "$ curl -s localhost:9717/metrics   # the two containers' series and the node's "
+                "(pod series and histogram buckets left out)\n"
+            )
+            f.write("\n".join(metrics) + "\n")
+
+    def report_kills(self):
+        for k in self.ctx.kmsg.incidents_since(self.gt["kmsg_seq_start"])[-1:]:
+            killed = ", ".join(f"{line.comm}({pid})" for pid, line in k.killed.items())
+            say(f"  kernel: {k.kind} kill, killed {killed}")
+        for d in self.gt["agent"].get("detection", []):
+            if d.get("latency_seconds") is not None:
+                say(f"  oomwatch published the incident {d['latency_seconds']:.2f}s after the kill")
+            else:
+                say("  oomwatch did NOT publish the incident")
+
+
+SCENARIOS = [
+    ContainerGroup,
+    SingleSurvivors,
+    PodScope,
+    SystemdContainerd,
+    Crio,
+    NotOom,
+    Restart,
+    DeletedContainer,
+    # the global OOM last but one, Prometheus after it, so that it never is the global OOM killer's victim
+    GlobalOom,
+    PrometheusDashboard,
+]
 
 
 # ------------------------------------------------------------------------------------------------ main
@@ -1368,6 +1872,7 @@ class Ctx:
         self.agent_start_timeout = args.agent_start_timeout
         self.kmsg = KmsgRecorder(os.path.join(args.out, "kmsg-all.raw"))
         self.agent = Agent(args.agent, args.out)
+        self.prometheus = args.prometheus
         self.calib: list[dict] = []
 
     def kmsg_to_mono(self, usec: int) -> float:
@@ -1385,6 +1890,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated scenario names (default: all)")
     ap.add_argument("--agent-wait", type=float, default=15.0, help="seconds to wait for the agent to publish")
     ap.add_argument("--agent-start-timeout", type=float, default=60.0)
+    ap.add_argument("--prometheus", default="", help="Prometheus server executable (scenario i)")
+    ap.add_argument("--demo", action="store_true", help="scripts/demo: one group kill, one single kill")
     args = ap.parse_args()
     OUT = args.out
     os.makedirs(OUT, exist_ok=True)
@@ -1433,7 +1940,13 @@ def main() -> int:
     run["agent_start"] = ctx.agent.start(args.agent_start_timeout)
 
     wanted = [s for s in args.only.split(",") if s]
-    for cls in SCENARIOS:
+    if args.demo:
+        say(
+            "oomwatch agent running, healthy"
+            if ctx.agent.healthy
+            else f"oomwatch agent NOT healthy: {run['agent_start'].get('error')}"
+        )
+    for cls in [Demo] if args.demo else SCENARIOS:
         if wanted and cls.name not in wanted and cls.name.split("_")[0] not in wanted:
             continue
         sc = cls(ctx)
