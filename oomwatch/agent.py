@@ -30,7 +30,13 @@ from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc
 from oomwatch.sources.klog import SyslogKmsg
-from oomwatch.sources.procconn import SIGKILL, ProcConnector, ProcConnectorUnavailable, ProcessExit
+from oomwatch.sources.procconn import (
+    SIGKILL,
+    ProcConnector,
+    ProcConnectorUnavailable,
+    ProcessExit,
+    ProcessFork,
+)
 from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, read_saved_log
 from oomwatch.store import Labels, Store, load_state, save_state
 from oomwatch.workloads import WorkloadResolver, identify, kubepods_level, scope_of
@@ -174,12 +180,15 @@ class Agent:
     # --- pid → cgroup memory ------------------------------------------------------------------------
 
     def cgroup_of_pid(self, pid: int) -> Optional[str]:
-        """The process's cgroup: live from /proc while it still exists (it is being killed right now), else
-        what we last saw of it in a cgroup.procs."""
+        """The process's cgroup: live from /proc while it still exists and is not dying, else what we last
+        saw of it (cgroup.procs, exec and fork events)."""
+        return self.cgroup_of_pid_live(pid) or self._pids.get(pid)
+
+    def cgroup_of_pid_live(self, pid: int) -> Optional[str]:
         path = self.proc.cgroup_of(pid)
         if path is not None and self._cgns_prefix is not None:
             path = posixpath.normpath(self._cgns_prefix + "/" + path.lstrip("/"))
-        return path or self._pids.get(pid)
+        return path
 
     def _find_cgroup_namespace_prefix(self) -> Optional[str]:
         """In a container with its own cgroup namespace (the default on cgroup v2), /proc/<pid>/cgroup is
@@ -228,6 +237,9 @@ class Agent:
     # --- cgroup watcher callbacks ---------------------------------------------------------------------
 
     def _cgroup_added(self, path: str) -> None:
+        # Processes that joined before our cgroup.events watch existed (a runtime moves a container's init
+        # in right after mkdir) are only found by looking.
+        self._snapshot_pids(path)
         names = self.resolver.container_appeared(path)
         workload = self.resolver.resolve(path)
         stats = self.fs.read_stats(path)
@@ -310,6 +322,27 @@ class Agent:
         return kmsg_ok and cg_ok, detail
 
     # --- proc connector witness -------------------------------------------------------------------------
+
+    def _process_forked(self, fork: ProcessFork) -> None:
+        """A child starts in its parent's cgroup. It may be moved right after (runc forks its init in its
+        own cgroup, then moves it into the container's), and this event can arrive after a cgroup.procs
+        snapshot has seen the move: what a snapshot saw is never overwritten from here."""
+        cgroup = self._pids.get(fork.parent_task) or self._pids.get(fork.parent)
+        if cgroup is not None and fork.child not in self._pids:
+            self._pids[fork.child] = cgroup
+            self._pids_by_cgroup.setdefault(cgroup, set()).add(fork.child)
+
+    def _process_execd(self, pid: int) -> None:
+        """An exec: the process is alive and settled (a container's init execs once it is in the container's
+        cgroup), so /proc tells its cgroup; this is the authoritative record, it overwrites."""
+        cgroup = self.cgroup_of_pid_live(pid)
+        if cgroup is not None:
+            self._pids[pid] = cgroup
+            self._pids_by_cgroup.setdefault(cgroup, set()).add(pid)
+
+    def _cgroup_populated(self, path: str) -> None:
+        """A cgroup got its first process (a container's init): remember it, its children follow by fork."""
+        self._snapshot_pids(path)
 
     def _process_exited(self, process_exit: ProcessExit) -> None:
         if process_exit.signal == SIGKILL:
@@ -513,7 +546,7 @@ class Agent:
         if self.events_file is not None:
             self.events_file.open()
         self.watcher = CgroupWatcher(self.fs, on_added=self._cgroup_added, on_removed=self._cgroup_removed,
-                                     on_events=self._cgroup_events)
+                                     on_events=self._cgroup_events, on_populated=self._cgroup_populated)
         for path in self.watcher.start_watching():
             self._cgroup_added(path)
         self._snapshot_pids("/")
@@ -526,7 +559,8 @@ class Agent:
         self.http = HttpSink(self.config.listen, self.registry, self.store, self.health)
         self.http.start()
         if self.config.proc_connector:
-            connector = ProcConnector(self._process_exited, self.clock)
+            connector = ProcConnector(self._process_exited, self.clock, on_fork=self._process_forked,
+                                      on_exec=self._process_execd)
             try:
                 connector.start()
                 self.proc_connector = connector

@@ -67,11 +67,16 @@ def test_cgroup_version_from_the_mount_table() -> None:
 
 
 def test_proc_reader(tmp_path: Path) -> None:
-    (tmp_path / "7").mkdir()
-    (tmp_path / "7" / "cgroup").write_text("0::/system.slice/x.service\n")
+    for pid, stat in ((7, "7 (sleep) S 1 7 7 0 -1 4194304 80 0"), (9, "9 (my (odd) dd) R 1 9 9 0 -1 4194308 80 0"),
+                      (10, "10 (sh) Z 1 10 10 0 -1 4194316 80 0")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(stat + " 0 0 0\n")
+        (tmp_path / str(pid) / "cgroup").write_text("0::/\n" if pid != 7 else "0::/system.slice/x.service\n")
     proc = Proc(str(tmp_path))
     assert proc.cgroup_of(7) == "/system.slice/x.service"
     assert proc.cgroup_of(8) is None  # exited
+    # Being killed (PF_EXITING in the flags) or a zombie: /proc/<pid>/cgroup says "/", which is not where it was
+    assert proc.cgroup_of(9) is None and proc.cgroup_of(10) is None
     assert proc.boot_id() == "unknown"
 
 

@@ -11,7 +11,15 @@ import subprocess
 import time
 from pathlib import Path
 
-from oomwatch.sources.procconn import ProcConnector, ProcessExit, exit_from_event, terminating_signal
+from oomwatch.sources.procconn import (
+    ProcConnector,
+    ProcessExit,
+    ProcessFork,
+    exec_from_event,
+    exit_from_event,
+    fork_from_event,
+    terminating_signal,
+)
 from tests.conftest import SeqpacketKmsg, incidents_of, running_agent, wait_for
 from tests.test_agent import GOLDEN, agent_config
 
@@ -25,6 +33,14 @@ def test_wait_status_and_exit_events() -> None:
     assert exit_from_event(dict(event, process_pid=43), 5.0) is None  # a thread of 42
     assert exit_from_event(dict(event, exit_code=0), 5.0) is None
     assert exit_from_event(dict(event, event="PROC_EVENT_FORK"), 5.0) is None
+    fork = {"event": "PROC_EVENT_FORK", "parent_pid": 10, "parent_tgid": 10, "child_pid": 11, "child_tgid": 11}
+    assert fork_from_event(fork) == ProcessFork(parent=10, child=11, parent_task=10)
+    # runc: the init is cloned with CLONE_PARENT, so its parent process is runc, its parent task another
+    assert fork_from_event(dict(fork, parent_pid=14)) == ProcessFork(parent=10, child=11, parent_task=14)
+    assert fork_from_event(dict(fork, child_pid=12)) is None  # a new thread of 11
+    assert fork_from_event(event) is None
+    assert exec_from_event({"event": "PROC_EVENT_EXEC", "process_pid": 11, "process_tgid": 11}) == 11
+    assert exec_from_event({"event": "PROC_EVENT_EXEC", "process_pid": 12, "process_tgid": 11}) is None
 
 
 def test_the_real_connector_sees_a_sigkill() -> None:
@@ -78,3 +94,38 @@ def test_group_kill_lists_processes_that_died_unlogged(tmp_path: Path) -> None:
     assert "1 more process of /b died with it by SIGKILL" in incident["explanation"]
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["died_with"] == incident["died_with"]
+
+
+def test_a_process_never_seen_in_a_cgroup_gets_it_from_its_parent(tmp_path: Path) -> None:
+    """A global OOM gives no memory.events warning to snapshot pids on: the container's init is remembered
+    when its cgroup becomes populated (cgroup.events), and what it forks later inherits that cgroup."""
+    import psutil
+
+    tree = tmp_path / "cgroup"
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    (tree / "b" / "cgroup.events").write_text("populated 0\nfrozen 0\n")
+    parent = subprocess.Popen(["sh", "-c", "read x; sleep 60; true"], stdin=subprocess.PIPE)
+    kmsg = SeqpacketKmsg()
+    config = agent_config(tmp_path, cgroup_root=str(tree), proc_connector=True)
+    try:
+        with running_agent(config, kmsg_factory=kmsg.factory) as agent:
+            assert agent.proc_connector is not None, agent.proc_connector_error
+            (tree / "b" / "cgroup.procs").write_text(f"{parent.pid}\n")
+            (tree / "b" / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+            assert wait_for(lambda: agent._pids.get(parent.pid) == "/b")
+            parent.stdin.write(b"go\n")
+            parent.stdin.flush()
+            assert wait_for(lambda: psutil.Process(parent.pid).children())
+            (child,) = psutil.Process(parent.pid).children()
+            assert wait_for(lambda: agent._pids.get(child.pid) == "/b"), "inherited from its parent by fork"
+            child.kill()
+            kmsg.send([
+                b"3,10,1000,-;Memory cgroup out of memory: Killed process 7001 (python3) total-vm:9kB, anon-rss:9kB, "
+                b"file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n",
+                b"6,11,1001,-;Tasks in /b are going to be killed due to memory.oom.group set\n",
+            ])
+            assert wait_for(lambda: len(incidents_of(agent)) == 1)
+            incident = incidents_of(agent)[0]
+    finally:
+        parent.kill()
+    assert {"pid": child.pid, "cgroup": "/b", "signal": 9} in incident["died_with"]

@@ -80,3 +80,19 @@ def parse_mounts_cgroup_version(text: str, cgroup_root: str = "/sys/fs/cgroup") 
     if v1_memory:
         return "hybrid" if v2_any else "v1"
     return "v2" if v2_any else "none"
+
+
+PF_EXITING = 0x4  # include/linux/sched.h: getting shut down
+
+
+def parse_proc_stat_exiting(text: str) -> bool:
+    """/proc/<pid>/stat → whether the process is dying (PF_EXITING, or a zombie/dead state). A dying
+    process's /proc/<pid>/cgroup no longer names the cgroup it was killed in (it reads "/")."""
+    tail = text[text.rfind(")") + 2:].split()
+    if len(tail) < 7:
+        return True
+    state, flags = tail[0], tail[6]
+    try:
+        return state in ("Z", "X", "x") or bool(int(flags) & PF_EXITING)
+    except ValueError:
+        return True

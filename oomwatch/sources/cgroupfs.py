@@ -18,6 +18,7 @@ from oomwatch.parse.cgroup import (
     parse_mounts_cgroup_version,
     parse_pids,
     parse_proc_pid_cgroup,
+    parse_proc_stat_exiting,
 )
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,10 @@ class Proc:
         self.root = root.rstrip("/")
 
     def cgroup_of(self, pid: int) -> Optional[str]:
+        """The cgroup of a living process; None for one that is gone or dying (its file then lies)."""
+        stat = cat(f"{self.root}/{pid}/stat")
+        if stat is not None and parse_proc_stat_exiting(stat):
+            return None
         text = cat(f"{self.root}/{pid}/cgroup")
         return parse_proc_pid_cgroup(text) if text is not None else None
 
@@ -164,18 +169,23 @@ CgroupCallback = Callable[[str], None]
 
 
 class CgroupWatcher:
-    """inotify on every cgroup directory (new and removed children) and every `memory.events` (the kernel
-    signals each change with IN_MODIFY). Blocks in read(): no rescans, no work while nothing happens.
+    """inotify on every cgroup directory (new and removed children), every `memory.events` and every
+    `cgroup.events` (the kernel signals each change with IN_MODIFY; `cgroup.events` changes when a cgroup
+    gets its first process or loses its last). Blocks in read(): no rescans, no work while nothing happens.
 
-    Callbacks run on the watcher thread: `on_added(path)`, `on_removed(path)`, `on_events(path)`."""
+    Callbacks run on the watcher thread: `on_added(path)`, `on_removed(path)`, `on_events(path)`,
+    `on_populated(path)`."""
 
     def __init__(self, fs: CgroupFS, *, on_added: CgroupCallback, on_removed: CgroupCallback,
-                 on_events: CgroupCallback) -> None:
+                 on_events: CgroupCallback, on_populated: CgroupCallback = lambda path: None) -> None:
         import inotify_simple  # imported here: inspect and offline analysis never need it
 
         self._inotify_simple = inotify_simple
         self.fs = fs
         self.on_added, self.on_removed, self.on_events = on_added, on_removed, on_events
+        self.on_populated = on_populated
+        self._wd_populated: dict[int, str] = {}
+        self._populated_wd: dict[str, int] = {}
         self._inotify = inotify_simple.INotify()
         self._wd_dir: dict[int, str] = {}
         self._wd_events: dict[int, str] = {}
@@ -210,6 +220,12 @@ class CgroupWatcher:
                 self._events_wd[path] = ewd
             except OSError:
                 pass  # no memory controller here
+            try:
+                pwd = self._inotify.add_watch(f"{base}/cgroup.events", flags.MODIFY)
+                self._wd_populated[pwd] = path
+                self._populated_wd[path] = pwd
+            except OSError:
+                pass
         return True
 
     def _forget(self, path: str) -> list[str]:
@@ -221,6 +237,9 @@ class CgroupWatcher:
             ewd = self._events_wd.pop(p, None)
             if ewd is not None:
                 self._wd_events.pop(ewd, None)
+            pwd = self._populated_wd.pop(p, None)
+            if pwd is not None:
+                self._wd_populated.pop(pwd, None)
         return gone
 
     def known(self) -> list[str]:
@@ -250,6 +269,9 @@ class CgroupWatcher:
                         continue
                     if event.wd in self._wd_events and event.mask & flags.MODIFY:
                         self.on_events(self._wd_events[event.wd])
+                        continue
+                    if event.wd in self._wd_populated and event.mask & flags.MODIFY:
+                        self.on_populated(self._wd_populated[event.wd])
                         continue
                     parent = self._wd_dir.get(event.wd)
                     if parent is None:

@@ -35,6 +35,33 @@ def terminating_signal(wait_status: int) -> Optional[int]:
     return signal if signal not in (0, 0x7F) else None
 
 
+@dataclass(frozen=True)
+class ProcessFork:
+    parent: int  # the parent process (tgid)
+    child: int
+    parent_task: int = 0  # the parent task (pid): with CLONE_PARENT (runc's init) not of the `parent` process
+
+
+def fork_from_event(event: Mapping[str, Any]) -> Optional[ProcessFork]:
+    """A PROC_EVENT_FORK that made a new process (not a thread), else None. The child starts in its parent's
+    cgroup: that is how a process the agent never saw alive still gets a cgroup."""
+    if event.get("event") != "PROC_EVENT_FORK":
+        return None
+    child, child_tgid = event.get("child_pid"), event.get("child_tgid")
+    if child is None or child != child_tgid:
+        return None
+    return ProcessFork(parent=int(event.get("parent_tgid", 0)), child=int(child),
+                       parent_task=int(event.get("parent_pid", 0)))
+
+
+def exec_from_event(event: Mapping[str, Any]) -> Optional[int]:
+    """The pid of a process that just exec'd (alive, so its cgroup can be read now), else None."""
+    if event.get("event") != "PROC_EVENT_EXEC":
+        return None
+    pid, tgid = event.get("process_pid"), event.get("process_tgid")
+    return int(pid) if pid is not None and pid == tgid else None
+
+
 def exit_from_event(event: Mapping[str, Any], now: float) -> Optional[ProcessExit]:
     """A PROC_EVENT_EXIT of a whole process (not one of its threads) ended by a signal, else None."""
     if event.get("event") != "PROC_EVENT_EXIT":
@@ -47,11 +74,15 @@ def exit_from_event(event: Mapping[str, Any], now: float) -> Optional[ProcessExi
 
 
 class ProcConnector:
-    """Listens to process exits on a thread of its own and calls `on_exit` for each process ended by a
-    signal, from `start()` until `stop()`."""
+    """Listens to process events on a thread of its own and calls `on_exit` for each process ended by a
+    signal, `on_fork` for each new process and `on_exec` for each exec, from `start()` until `stop()`."""
 
-    def __init__(self, on_exit: Callable[[ProcessExit], None], clock: Callable[[], float]) -> None:
+    def __init__(self, on_exit: Callable[[ProcessExit], None], clock: Callable[[], float],
+                 on_fork: Callable[[ProcessFork], None] = lambda fork: None,
+                 on_exec: Callable[[int], None] = lambda pid: None) -> None:
         self._on_exit = on_exit
+        self._on_fork = on_fork
+        self._on_exec = on_exec
         self._clock = clock
         self._socket: Any = None
         self._stopped = threading.Event()
@@ -62,11 +93,15 @@ class ProcConnector:
     def start(self) -> None:
         """Open the connector on its own thread (pyroute2's sockets belong to the thread that made them)
         and listen there. Raises ProcConnectorUnavailable when it cannot be opened."""
+        try:  # imported here, not on the thread: pyroute2 is slow to import on a slow machine
+            import pyroute2.netlink.connector.cn_proc  # noqa: F401
+        except ImportError as exc:
+            raise ProcConnectorUnavailable(f"proc connector: {exc}") from exc
         ready = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="proc-connector", daemon=True)
         self._thread.start()
-        if not ready.wait(timeout=10):
-            raise ProcConnectorUnavailable("proc connector: no answer from netlink")
+        if not ready.wait(timeout=30):
+            raise ProcConnectorUnavailable("proc connector: no answer from netlink in 30 s")
         if self._open_error is not None:
             raise self._open_error
 
@@ -102,6 +137,14 @@ class ProcConnector:
                     process_exit = exit_from_event(event, self._clock())
                     if process_exit is not None:
                         self._on_exit(process_exit)
+                        continue
+                    fork = fork_from_event(event)
+                    if fork is not None:
+                        self._on_fork(fork)
+                        continue
+                    pid = exec_from_event(event)
+                    if pid is not None:
+                        self._on_exec(pid)
         except Exception as exc:
             if not self._stopped.is_set():
                 self.error = f"proc connector stopped: {exc}"

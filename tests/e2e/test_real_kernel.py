@@ -562,3 +562,31 @@ def test_dashboard_shows_the_kill_prometheus_saw(e2e: E2ERun):
     keys = ("namespace", "pod", "container")
     rows = [{key: r["metric"].get(key) for key in keys} for r in top["result"]]
     assert {"namespace": wl["namespace"], "pod": wl["pod"], "container": wl["container"]} in rows, rows
+
+
+@pytest.mark.parametrize("name", [n for n in LIVE_SCENARIOS if n != "b_single_survivors"])
+def test_every_process_that_died_with_a_group_kill_is_reported(e2e: E2ERun, name: str):
+    """Whatever the kernel logged, each process of the group cgroup that was alive before the kill and is
+    gone after it is in the agent's incident: killed (a kernel line), exiting (`already exiting`) or
+    died_with (SIGKILL seen by the proc connector, for the pid namespace's teardown)."""
+    sc = e2e.scenario(name)
+    require_agent_view(sc, e2e)
+    for k in sc.kernel:
+        if k.kind != "group":
+            continue
+        (inc,) = agent_matches(sc.incidents, k)
+        reported = ({p["pid"] for p in inc["killed"]} | {p["pid"] for p in inc.get("exiting", [])}
+                    | {p["pid"] for p in inc.get("died_with", [])})
+        group = k.group_cgroup
+        died = []
+        for pid, before in sc.gt["pids_before"].items():
+            cg = (before.get("cgroup") or "").removeprefix("0::")
+            after = sc.gt["pids_after"].get(pid, {})
+            if before.get("alive", True) and cg and (cg == group or cg.startswith(group + "/")) \
+                    and not after.get("alive", False):
+                died.append(int(pid))
+        assert died, "the scenario should have lost processes of the group cgroup"
+        missing = sorted(set(died) - reported)
+        assert not missing, (f"seq {k.seq}: died with the group kill but not reported: {missing}; "
+                             f"killed {sorted(p['pid'] for p in inc['killed'])}, "
+                             f"exiting {inc.get('exiting')}, died_with {inc.get('died_with')}")

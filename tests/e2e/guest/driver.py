@@ -242,6 +242,8 @@ class Agent:
             self.events,
             "--state-dir",
             self.state_dir,
+            # witness processes a group kill took down without a kernel line (pid namespace teardown)
+            "--proc-connector",
         ]
         rec["cmd"] = cmd
         if not os.access(self.exe, os.X_OK):
