@@ -208,10 +208,13 @@ class Agent:
         with self._lock:
             paths = [p for p in self._workloads_and_known() if is_within(p, root)]
         for path in paths:
-            pids = self.fs.read_pids(path)
-            for pid in pids:
-                self._pids[pid] = path
-            self._pids_by_cgroup.setdefault(path, set()).update(pids)
+            self._remember_pids(path)
+
+    def _remember_pids(self, path: str) -> None:
+        pids = self.fs.read_pids(path)
+        for pid in pids:
+            self._pids[pid] = path
+        self._pids_by_cgroup.setdefault(path, set()).update(pids)
 
     def _workloads_and_known(self) -> list[str]:
         return self.watcher.known() if self.watcher is not None else [root for root in self._workloads]
@@ -238,8 +241,8 @@ class Agent:
 
     def _cgroup_added(self, path: str) -> None:
         # Processes that joined before our cgroup.events watch existed (a runtime moves a container's init
-        # in right after mkdir) are only found by looking.
-        self._snapshot_pids(path)
+        # in right after mkdir) are only found by looking. (The watcher reports each new child separately.)
+        self._remember_pids(path)
         names = self.resolver.container_appeared(path)
         workload = self.resolver.resolve(path)
         stats = self.fs.read_stats(path)
@@ -549,7 +552,6 @@ class Agent:
                                      on_events=self._cgroup_events, on_populated=self._cgroup_populated)
         for path in self.watcher.start_watching():
             self._cgroup_added(path)
-        self._snapshot_pids("/")
         self._cgns_prefix = self._find_cgroup_namespace_prefix()
         if self._cgns_prefix:
             log.info("in a cgroup namespace rooted at %s: /proc/<pid>/cgroup paths are taken relative to it",
