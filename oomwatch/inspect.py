@@ -353,6 +353,9 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         if inc.get("exiting"):
             ex = ", ".join(f"{p['comm']}({p['pid']})" for p in inc["exiting"])
             out.extend(_wrap(f"already exiting, died with it: {ex}", width, indent="    "))
+        if inc.get("died_with"):
+            pids = ", ".join(str(p["pid"]) for p in inc["died_with"])
+            out.extend(_wrap(f"also died by SIGKILL, unlogged (proc connector): pids {pids}", width, indent="    "))
     return "\n".join(out) + "\n"
 
 

@@ -168,3 +168,14 @@ def test_not_root_is_said_in_one_line(monkeypatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     notes = report_of(NODES["k8s-runc"])["notes"]
     assert sum("not running as root" in n for n in notes) == 1
+
+
+def test_exiting_and_died_with_are_shown() -> None:
+    report = {"node": None, "workloads": [], "notes": [], "kmsg": {}, "incidents": [{
+        "time": "2026-11-22T20:40:09.320870Z", "kind": "group", "scope": "container", "explanation": "x.",
+        "killed": [{"pid": 127, "comm": "dd"}, {"pid": 119, "comm": "sh"}],
+        "exiting": [{"pid": 124, "comm": "sleep"}], "died_with": [{"pid": 125, "cgroup": "/c", "signal": 9}]}]}
+    text = render_text(report)
+    assert "killed: dd(127), sh(119)" in text
+    assert "already exiting, died with it: sleep(124)" in text
+    assert "also died by SIGKILL, unlogged (proc connector): pids 125" in text
