@@ -353,27 +353,26 @@ class Agent:
             self._sigkilled.append((process_exit.pid, self._pids.get(process_exit.pid), process_exit.time))
 
     def _deliver(self, incidents: list[Incident], live: bool) -> None:
-        """Publish; a group kill first waits briefly for the exits of processes the kernel did not log."""
+        """Publish; a group kill first waits briefly for the exits of processes the kernel did not log, and
+        whatever follows it waits its turn (incidents go out in the kernel's order)."""
         if self.proc_connector is None:
             self.publish(incidents, live)
             return
         now = time.monotonic()
-        ready = []
         for incident in incidents:
-            if incident.kind == "group":
-                self._awaiting_witness.append((now + WITNESS_SECONDS, incident))
-            else:
-                ready.append(incident)
-        if ready:
-            self.publish(ready, live)
+            wait = WITNESS_SECONDS if incident.kind == "group" else 0.0
+            self._awaiting_witness.append((now + wait, incident))
+        self._release_witnessed(live)
 
     def _release_witnessed(self, live: bool, everything: bool = False) -> None:
         now = time.monotonic()
-        due = [i for deadline, i in self._awaiting_witness if everything or deadline <= now]
+        due = 0
+        while due < len(self._awaiting_witness) and (everything or self._awaiting_witness[due][0] <= now):
+            due += 1
         if not due:
             return
-        self._awaiting_witness = [(d, i) for d, i in self._awaiting_witness if not (everything or d <= now)]
-        self.publish([self._with_witnesses(i) for i in due], live)
+        ready, self._awaiting_witness = self._awaiting_witness[:due], self._awaiting_witness[due:]
+        self.publish([self._with_witnesses(i) if i.kind == "group" else i for _, i in ready], live)
 
     def _with_witnesses(self, incident: Incident) -> Incident:
         known = {p.pid for p in incident.killed} | {p["pid"] for p in incident.exiting}
@@ -388,7 +387,7 @@ class Agent:
     def _witness_timeout(self) -> Optional[float]:
         if not self._awaiting_witness:
             return None
-        return max(0.0, min(d for d, _ in self._awaiting_witness) - time.monotonic())
+        return max(0.0, self._awaiting_witness[0][0] - time.monotonic())  # the first holds the rest back
 
     # --- publishing ----------------------------------------------------------------------------------
 

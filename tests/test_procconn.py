@@ -72,7 +72,8 @@ def test_group_kill_lists_processes_that_died_unlogged(tmp_path: Path) -> None:
     bystander = subprocess.Popen(["sleep", "60"])
     (tree / "b" / "cgroup.procs").write_text(f"{bystander.pid}\n")  # seen alive in /b at start
     kmsg = SeqpacketKmsg()
-    config = agent_config(tmp_path, cgroup_root=str(tree), proc_connector=True)
+    # quiet window as in production: the test sender thread competes with the connector thread for the GIL
+    config = agent_config(tmp_path, cgroup_root=str(tree), proc_connector=True, quiet_seconds=0.5)
     try:
         with running_agent(config, kmsg_factory=kmsg.factory) as agent:
             assert agent.proc_connector is not None, agent.proc_connector_error
@@ -85,8 +86,14 @@ def test_group_kill_lists_processes_that_died_unlogged(tmp_path: Path) -> None:
             ])
             bystander.send_signal(signal.SIGKILL)
             bystander.wait()
-            assert wait_for(lambda: len(incidents_of(agent)) == 1)
-            incident = incidents_of(agent)[0]
+            # A single kill right after: it may not overtake the group kill waiting for its witnesses.
+            kmsg.send([b"6,13,1999,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+                       b"oom_memcg=/a,task_memcg=/a,task=java,pid=7100,uid=0\n",
+                       b"3,14,2000,-;Memory cgroup out of memory: Killed process 7100 (java) total-vm:9kB, "
+                       b"anon-rss:9kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n"])
+            assert wait_for(lambda: len(incidents_of(agent)) == 2)
+            incident, single = incidents_of(agent)
+            assert single["victim"]["pid"] == 7100 and single["kind"] == "single"
     finally:
         bystander.kill()
     assert [p["pid"] for p in incident["killed"]] == [7001, 7000]
@@ -106,7 +113,8 @@ def test_a_process_never_seen_in_a_cgroup_gets_it_from_its_parent(tmp_path: Path
     (tree / "b" / "cgroup.events").write_text("populated 0\nfrozen 0\n")
     parent = subprocess.Popen(["sh", "-c", "read x; sleep 60; true"], stdin=subprocess.PIPE)
     kmsg = SeqpacketKmsg()
-    config = agent_config(tmp_path, cgroup_root=str(tree), proc_connector=True)
+    # quiet window as in production: the test sender thread competes with the connector thread for the GIL
+    config = agent_config(tmp_path, cgroup_root=str(tree), proc_connector=True, quiet_seconds=0.5)
     try:
         with running_agent(config, kmsg_factory=kmsg.factory) as agent:
             assert agent.proc_connector is not None, agent.proc_connector_error
