@@ -799,10 +799,11 @@ class Scenario:
         raise NotImplementedError
 
     def act(self) -> None:
-        raise NotImplementedError
+        """Most scenarios: fire the hog container and watch the kernel and the agent."""
+        self.oom_and_observe(self.hog)
 
     def cgroups_of_interest(self) -> list[str]:
-        return list(self.gt["workloads"])
+        return self.gt["cgroups_tracked"] if "cgroups_tracked" in self.gt else list(self.gt["workloads"])
 
     def execute(self) -> dict:
         ctx = self.ctx
@@ -1003,12 +1004,6 @@ class ContainerGroup(Scenario):
         }
         self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
 
-    def cgroups_of_interest(self):
-        return self.gt["cgroups_tracked"]
-
-    def act(self):
-        self.oom_and_observe(self.hog)
-
 
 class SingleSurvivors(Scenario):
     name = "b_single_survivors"
@@ -1040,12 +1035,6 @@ class SingleSurvivors(Scenario):
             "survivor_cgroups": [self.hog.cgroup],
         }
         self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
-
-    def cgroups_of_interest(self):
-        return self.gt["cgroups_tracked"]
-
-    def act(self):
-        self.oom_and_observe(self.hog)
         self.gt["container_state_after"] = self.hog.state()
 
 
@@ -1092,12 +1081,6 @@ class PodScope(Scenario):
         }
         self.gt["cgroups_tracked"] = [self.hog.cgroup, self.side.cgroup, self.sb.cgroup, p["cgroup"]]
 
-    def cgroups_of_interest(self):
-        return self.gt["cgroups_tracked"]
-
-    def act(self):
-        self.oom_and_observe(self.hog)
-
 
 class SystemdContainerd(Scenario):
     name = "d1_systemd_containerd"
@@ -1128,12 +1111,6 @@ class SystemdContainerd(Scenario):
             "group_cgroup": self.hog.cgroup,
         }
         self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
-
-    def cgroups_of_interest(self):
-        return self.gt["cgroups_tracked"]
-
-    def act(self):
-        self.oom_and_observe(self.hog)
 
 
 class Crio(Scenario):
@@ -1176,12 +1153,6 @@ class Crio(Scenario):
             "survivor_cgroups": [self.conmon_cg],
         }
         self.gt["cgroups_tracked"] = [self.hog.cgroup, self.conmon_cg, p["cgroup"]]
-
-    def cgroups_of_interest(self):
-        return self.gt["cgroups_tracked"]
-
-    def act(self):
-        self.oom_and_observe(self.hog)
 
     def finish(self):
         if getattr(self, "conmon", None):
