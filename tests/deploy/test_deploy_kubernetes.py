@@ -195,7 +195,7 @@ def test_runs_as_root_on_purpose(daemonsets) -> None:
 
 def test_seccomp_runtime_default(daemonsets) -> None:
     for name, ds in daemonsets:
-        assert ds["spec"]["template"]["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        assert ds["spec"]["template"]["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", name
 
 
 def test_host_pid_with_reason(daemonsets) -> None:
@@ -262,7 +262,7 @@ def test_env_names_are_agent_options(daemonsets) -> None:
 
 def test_env_points_into_mounts(daemonsets) -> None:
     """Every path the agent is told to read is where the DaemonSet mounts the host's."""
-    for name, ds in daemonsets:
+    for _name, ds in daemonsets:
         e = {k: v.get("value") for k, v in env(ds).items()}
         mounts = {m["mountPath"] for m in container(ds)["volumeMounts"]}
         assert e["OOMWATCH_CGROUP_ROOT"] in mounts

@@ -14,7 +14,6 @@ import shutil
 import sys
 import threading
 import time
-from pathlib import Path
 
 from tests.e2e import vm
 

@@ -275,7 +275,7 @@ def test_agent_metrics_match_kernel(e2e: E2ERun, name: str):
         wcg, wl = victim_workload(sc, k)
         ids = {"namespace": wl["namespace"], "pod": wl["pod"], "container": wl["container"]}
 
-        def val(metric, **labels):
+        def val(metric, ids=ids, **labels):
             s = select(m, metric, **ids, **labels)
             return sum(x.value for x in s) if s else None
 
@@ -414,7 +414,7 @@ def test_agent_survives_global_oom(e2e: E2ERun):
 def test_node_metrics_count_every_kernel_incident(e2e: E2ERun):
     assert e2e.final_metrics is not None, "no final /metrics"
     want: dict = {}
-    for name, sc in e2e.scenarios.items():
+    for sc in e2e.scenarios.values():
         for k in sc.kernel:
             key = (k.kind, expected_scope(sc, k))
             want[key] = want.get(key, 0) + 1

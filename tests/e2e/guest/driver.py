@@ -377,7 +377,7 @@ def http_get(path: str, timeout: float, addr: str = AGENT_ADDR) -> tuple[int, by
     try:
         status = int(head.split(b" ", 2)[1])
     except (IndexError, ValueError):
-        raise OSError(f"bad HTTP response from {path}: {head[:100]!r}")
+        raise OSError(f"bad HTTP response from {path}: {head[:100]!r}") from None
     if b"transfer-encoding: chunked" in head.lower():
         body = _dechunk(body)
     return status, body
@@ -466,7 +466,7 @@ def rmdir_tree(rel: str) -> None:
     top = f"{CG}{rel}"
     if not os.path.isdir(top):
         return
-    for dirpath, dirnames, _ in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
+    for dirpath, _dirnames, _ in sorted(os.walk(top), key=lambda t: -t[0].count("/")):
         if os.path.exists(f"{dirpath}/cgroup.kill"):
             try:
                 wfile(f"{dirpath}/cgroup.kill", "1")
@@ -610,7 +610,7 @@ class Container:
                 break
             except OSError:  # ENXIO: the reader is not there yet
                 if time.monotonic() > end:
-                    raise RuntimeError(f"container {self.id[:12]} never opened its trigger fifo")
+                    raise RuntimeError(f"container {self.id[:12]} never opened its trigger fifo") from None
                 time.sleep(0.05)
         t = time.monotonic()
         os.write(fd, b"go\n")
