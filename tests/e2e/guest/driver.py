@@ -798,6 +798,25 @@ class Scenario:
     def setup(self) -> None:
         raise NotImplementedError
 
+    def start_hog(self, p: dict, runtime: str, name: str, script: list[str], *, limit: int | None,
+                  procs: int, expect: dict | None = None) -> "Container":
+        """The usual set-up: one hog container (memory.oom.group=1) in pod `p`, started with `procs`
+        processes; the kernel is expected to group-kill it at container scope unless `expect` says
+        otherwise."""
+        self.hog = self.container(p, runtime, name, script, limit=limit, oom_group=1, trigger=True)
+        self.hog.run()
+        self.hog.wait_procs(procs)
+        self.gt["expect"] = {
+            "scope": "container",
+            "kind": "group",
+            "constraint": "memcg",
+            "victim_workload": self.hog.cgroup,
+            "group_cgroup": self.hog.cgroup,
+            **(expect or {}),
+        }
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
+        return self.hog
+
     def act(self) -> None:
         """Most scenarios: fire the hog container and watch the kernel and the agent."""
         self.oom_and_observe(self.hog)
@@ -984,25 +1003,14 @@ class ContainerGroup(Scenario):
     def setup(self):
         p = self.pod("cgroupfs", "burstable", self.name, "ml", "trainer-0")
         self.gt["pod"] = p
-        self.hog = self.container(
+        self.start_hog(
             p,
             "containerd",
             "trainer",
             sh(f"sleep 600 & sleep 601 & sh -c 'sleep 603 & wait' & {WAIT_FIFO}; {HOG}; wait"),
             limit=64 << 20,
-            oom_group=1,
-            trigger=True,
+            procs=5,
         )
-        self.hog.run()
-        self.hog.wait_procs(5)
-        self.gt["expect"] = {
-            "scope": "container",
-            "kind": "group",
-            "constraint": "memcg",
-            "victim_workload": self.hog.cgroup,
-            "group_cgroup": self.hog.cgroup,
-        }
-        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
 
 
 class SingleSurvivors(Scenario):
@@ -1092,25 +1100,14 @@ class SystemdContainerd(Scenario):
     def setup(self):
         p = self.pod("systemd", "burstable", self.name, "default", "worker-abc12")
         self.gt["pod"] = p
-        self.hog = self.container(
+        self.start_hog(
             p,
             "containerd",
             "worker",
             sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
             limit=48 << 20,
-            oom_group=1,
-            trigger=True,
+            procs=3,
         )
-        self.hog.run()
-        self.hog.wait_procs(3)
-        self.gt["expect"] = {
-            "scope": "container",
-            "kind": "group",
-            "constraint": "memcg",
-            "victim_workload": self.hog.cgroup,
-            "group_cgroup": self.hog.cgroup,
-        }
-        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
 
 
 class Crio(Scenario):
@@ -1317,28 +1314,14 @@ class DeletedContainer(Scenario):
     def setup(self):
         p = self.pod("cgroupfs", "burstable", self.name, "research", "sweep-42")
         self.gt["pod"] = p
-        self.hog = self.container(
+        self.start_hog(
             p,
             "containerd",
             "optimizer",
             sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
             limit=48 << 20,
-            oom_group=1,
-            trigger=True,
+            procs=2,
         )
-        self.hog.run()
-        self.hog.wait_procs(2)
-        self.gt["expect"] = {
-            "scope": "container",
-            "kind": "group",
-            "constraint": "memcg",
-            "victim_workload": self.hog.cgroup,
-            "group_cgroup": self.hog.cgroup,
-        }
-        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
-
-    def cgroups_of_interest(self):
-        return self.gt["cgroups_tracked"]
 
     def act(self):
         ctx = self.ctx
@@ -1442,7 +1425,7 @@ class GlobalOom(Scenario):
         )
         bs_kb = mem_total_kb - 8 * 1024  # passes the overcommit heuristic, cannot fit
         self.gt["hog_kb"] = bs_kb
-        self.hog = self.container(
+        self.start_hog(
             p,
             "containerd",
             "loader",
@@ -1450,23 +1433,9 @@ class GlobalOom(Scenario):
                 f"sleep 600 & sleep 601 & {WAIT_FIFO}; dd if=/dev/zero of=/dev/null bs={bs_kb}k count=1; wait"
             ),
             limit=None,
-            oom_group=1,
-            trigger=True,
+            procs=3,
+            expect={"scope": "node", "constraint": "global", "oom_cgroup": "/"},
         )
-        self.hog.run()
-        self.hog.wait_procs(3)
-        self.gt["expect"] = {
-            "scope": "node",
-            "kind": "group",
-            "constraint": "global",
-            "oom_cgroup": "/",
-            "victim_workload": self.hog.cgroup,
-            "group_cgroup": self.hog.cgroup,
-        }
-        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
-
-    def cgroups_of_interest(self):
-        return self.gt["cgroups_tracked"]
 
     def act(self):
         self.oom_and_observe(self.hog, settle=3)
@@ -1593,28 +1562,14 @@ class PrometheusDashboard(Scenario):
         self.gt["prometheus"] = {"start": self.prom.start(), "node": self.prom.node}
         p = self.pod("cgroupfs", "burstable", self.name, "reports", "nightly-8f2k")
         self.gt["pod"] = p
-        self.hog = self.container(
+        self.start_hog(
             p,
             "containerd",
             "renderer",
             sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
             limit=48 << 20,
-            oom_group=1,
-            trigger=True,
+            procs=3,
         )
-        self.hog.run()
-        self.hog.wait_procs(3)
-        self.gt["expect"] = {
-            "scope": "container",
-            "kind": "group",
-            "constraint": "memcg",
-            "victim_workload": self.hog.cgroup,
-            "group_cgroup": self.hog.cgroup,
-        }
-        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
-
-    def cgroups_of_interest(self):
-        return self.gt["cgroups_tracked"]
 
     def act(self):
         pg = self.gt["prometheus"]
