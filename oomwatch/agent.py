@@ -205,9 +205,8 @@ class Agent:
         return None
 
     def _snapshot_pids(self, root: str) -> None:
-        with self._lock:
-            paths = [p for p in self._workloads_and_known() if is_within(p, root)]
-        for path in paths:
+        assert self.watcher is not None  # pids are taken only once the tree is watched
+        for path in [p for p in self.watcher.known() if is_within(p, root)]:
             self._remember_pids(path)
 
     def _remember_pids(self, path: str) -> None:
@@ -215,9 +214,6 @@ class Agent:
         for pid in pids:
             self._pids[pid] = path
         self._pids_by_cgroup.setdefault(path, set()).update(pids)
-
-    def _workloads_and_known(self) -> list[str]:
-        return self.watcher.known() if self.watcher is not None else [root for root in self._workloads]
 
     def oom_cgroup_hint(self, victim_cgroup: Optional[str]) -> Optional[str]:
         """For an incident without its `oom-kill:` summary: the deepest ancestor of the victim's cgroup whose

@@ -31,7 +31,6 @@ from oomwatch.sources.klog import SyslogKmsg
 from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, is_live_kmsg, read_saved_log
 from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.kubelet import read_kubelet_config
-from oomwatch.workloads.paths import kubepods_level
 from oomwatch.workloads.runtime import RuntimeNames
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -375,4 +374,4 @@ def terminal_width() -> int:
     return min(100, shutil.get_terminal_size((80, 24)).columns)
 
 
-__all__ = ["build_report", "render_text", "parse_since", "read_incidents", "kubepods_level"]
+__all__ = ["build_report", "render_text", "parse_since", "read_incidents"]

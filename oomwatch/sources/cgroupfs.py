@@ -54,9 +54,6 @@ class CgroupFS:
     def abspath(self, path: str) -> str:
         return self.root if path in ("", "/") else self.root + path
 
-    def exists(self, path: str) -> bool:
-        return os.path.isdir(self.abspath(path))
-
     def walk(self) -> Iterator[str]:
         """Every cgroup below the root, parents before children."""
         stack = ["/"]
@@ -157,10 +154,6 @@ class Proc:
         if "memory" in controllers.split():
             return "v2"
         return "hybrid" if by_mounts in ("hybrid", "v1") else "v2"
-
-    def dmesg_restrict(self) -> Optional[int]:
-        text = cat(f"{self.root}/sys/kernel/dmesg_restrict")
-        return parse_int(text) if text is not None else None
 
 
 # --- watcher ----------------------------------------------------------------------------------------
