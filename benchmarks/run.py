@@ -22,7 +22,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from oomwatch.agent import Agent, make_correlator  # noqa: E402
+from oomwatch.agent import Agent  # noqa: E402
+from oomwatch.node import make_correlator  # noqa: E402
 from oomwatch.config import Config  # noqa: E402
 from oomwatch.parse.kmsg import parse_kmsg_record  # noqa: E402
 from oomwatch.workloads import WorkloadResolver  # noqa: E402

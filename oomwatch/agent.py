@@ -9,7 +9,6 @@ The main thread waits for SIGTERM/SIGINT, then stops the sources and flushes the
 from __future__ import annotations
 
 import logging
-import math
 import os
 import posixpath
 import signal
@@ -22,14 +21,13 @@ from typing import Callable, Iterable, Optional
 from prometheus_client import CollectorRegistry
 
 from oomwatch.config import Config
-from oomwatch.correlator import Correlator, is_within
+from oomwatch.correlator import is_within
 from oomwatch.explain import explain
-from oomwatch.model import CgroupStats, Incident, KmsgRecord, Workload
-from oomwatch.sinks.collector import NodeInfo, OomwatchCollector
+from oomwatch.model import CgroupStats, Incident, KmsgRecord
+from oomwatch.sinks.collector import OomwatchCollector
 from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc
-from oomwatch.sources.klog import SyslogKmsg
 from oomwatch.sources.procconn import (
     SIGKILL,
     ProcConnector,
@@ -37,90 +35,35 @@ from oomwatch.sources.procconn import (
     ProcessExit,
     ProcessFork,
 )
-from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, read_saved_log
+from oomwatch.sources.kmsg import (
+    Garbled,
+    KmsgUnavailable,
+    LiveKmsg,
+    Lost,
+    explain_open_error,
+    is_saved_log,
+    open_kernel_log,
+    read_saved_log,
+)
 from oomwatch.store import Labels, Store, load_state, save_state
-from oomwatch.workloads import WorkloadResolver, identify, kubepods_level, scope_of
-from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
+from oomwatch.node import (
+    NodePosture,
+    host_boot_time,
+    is_workload_cgroup,
+    make_correlator,
+    with_effective_oom_group,
+)
+from oomwatch.workloads import WorkloadResolver, identify
 from oomwatch.workloads.runtime import RuntimeNames
 
 log = logging.getLogger("oomwatch.agent")
 
-# `--kmsg syslog`: read the kernel log through syslog(2) rather than /dev/kmsg.
-SYSLOG_SOURCE = "syslog"
 # How long a group kill waits for the proc connector's exit events of processes the kernel did not log.
 WITNESS_SECONDS = 0.5
 # A cgroup's pid list is re-read at most this often while it sits at its limit.
 PID_SNAPSHOT_INTERVAL = 0.2
 # How long a cgroup's `oom` event is a hint for an incident whose summary the kernel ratelimited away.
 OOM_HINT_SECONDS = 10.0
-
-
-def cgroup_version_label(version: str) -> str:
-    return {"v2": "2", "v1": "1"}.get(version, version)
-
-
-def is_workload_cgroup(path: str, workload: Workload, stats: Optional[CgroupStats]) -> bool:
-    """Which cgroups get their own series: Kubernetes containers and pods, Slurm steps, systemd services
-    and scopes, and any other cgroup with memory.oom.group=1 or a memory limit (someone cared)."""
-    if workload.cgroup != path or workload.sandbox or kubepods_level(path) == "conmon":
-        return False
-    if workload.type in ("k8s-container", "k8s-pod", "slurm"):
-        return True
-    if workload.type == "systemd":
-        return bool(workload.unit and workload.unit.endswith((".service", ".scope")))
-    if stats is None:
-        return False
-    return stats.oom_group == 1 or (stats.limit_bytes is not None and not math.isinf(stats.limit_bytes))
-
-
-def with_effective_oom_group(fs: CgroupFS, workload: Workload, stats: CgroupStats) -> CgroupStats:
-    """Slurm's OOMKillStep sets memory.oom.group on the step's `user` child, not on the step: what decides
-    whether the step dies whole is that child's flag."""
-    if workload.type == "slurm" and workload.slurm_step and not stats.oom_group:
-        child = fs.read_stats(workload.cgroup.rstrip("/") + "/user")
-        if child is not None and child.oom_group:
-            return replace(stats, oom_group=child.oom_group)
-    return stats
-
-
-class NodePosture:
-    """What the node's OOM policy is, re-read on demand (the kubelet config can change under us)."""
-
-    def __init__(self, config: Config, proc: Proc) -> None:
-        self.config = config
-        self.proc = proc
-        self.kernel = proc.kernel_release()
-        self.cgroup_version = proc.cgroup_version(config.cgroup_root)
-
-    def single_process_oom_kill(self) -> str:
-        policy = read_kubelet_config(self.config.kubelet_config)
-        return single_process_oom_kill(policy, self.cgroup_version)
-
-    def info(self) -> NodeInfo:
-        return NodeInfo(kernel=self.kernel, cgroup_version=cgroup_version_label(self.cgroup_version),
-                        single_process_oom_kill=self.single_process_oom_kill())
-
-
-def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolver,
-                    posture_single: Callable[[], str], cgroup_of_pid=lambda pid: None,
-                    oom_cgroup_hint=lambda cg: None, victim_cgroup_hint=lambda cg: None,
-                    clock: Callable[[], float] = time.time) -> Correlator:
-    return Correlator(
-        boot_id=boot_id,
-        boot_time=boot_time,
-        resolve_workload=resolver.resolve,
-        scope_of=scope_of,
-        explain=lambda incident: explain(incident, posture_single()),
-        cgroup_of_pid=cgroup_of_pid,
-        oom_cgroup_hint=oom_cgroup_hint,
-        victim_cgroup_hint=victim_cgroup_hint,
-        detected_clock=clock,
-    )
-
-
-def host_boot_time() -> float:
-    """Epoch seconds of kernel time 0: printk stamps count from boot like CLOCK_MONOTONIC."""
-    return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
 class Agent:
@@ -151,7 +94,8 @@ class Agent:
         self.correlator = make_correlator(
             boot_id=self.boot_id, boot_time=self.boot_time, resolver=self.resolver,
             posture_single=self.posture.single_process_oom_kill, cgroup_of_pid=self.cgroup_of_pid,
-            oom_cgroup_hint=self.oom_cgroup_hint, victim_cgroup_hint=self.victim_cgroup_hint, clock=clock)
+            oom_cgroup_hint=self.oom_cgroup_hint, victim_cgroup_hint=self.victim_cgroup_hint, clock=clock,
+            live=not (kmsg_factory is None and is_saved_log(config.kmsg)))
         self._pids: dict[int, str] = {}
         self._pids_by_cgroup: dict[str, set[int]] = {}  # to forget a removed cgroup's pids
         self._cgns_prefix: Optional[str] = None
@@ -443,7 +387,7 @@ class Agent:
             for item in read_saved_log(self.config.kmsg):
                 self._handle(item, live=False)
         except OSError as exc:
-            self.kmsg_error = f"{self.config.kmsg}: {exc.strerror or exc}"
+            self.kmsg_error = explain_open_error(self.config.kmsg, exc)
             log.error("cannot read saved kernel log: %s", self.kmsg_error)
             return
         self.publish(self.correlator.flush(), live=False)
@@ -451,8 +395,7 @@ class Agent:
         log.info("replayed saved kernel log %s: %d incidents", self.config.kmsg, len(self.store.snapshot().incidents))
 
     def _kmsg_loop(self) -> None:
-        saved_log = self.config.kmsg == "-" or (self.config.kmsg != SYSLOG_SOURCE and os.path.isfile(self.config.kmsg))
-        if self._kmsg_factory is LiveKmsg and saved_log:
+        if self._kmsg_factory is LiveKmsg and is_saved_log(self.config.kmsg):
             self._replay_saved_log()
             return
         reader = self._open_kernel_log()
@@ -490,35 +433,20 @@ class Agent:
             reader.close()
 
     def _open_kernel_log(self):
-        """The live kernel log: /dev/kmsg, or syslog(2) where the device is refused (an unprivileged
-        container: the runtime's device cgroup does not list /dev/kmsg, while syslog(2) needs only
-        CAP_SYSLOG). None, with the reason in `kmsg_error`, when neither can be read."""
-        use_syslog = self.config.kmsg == SYSLOG_SOURCE
-        reader = None
-        if not use_syslog:
-            reader = self._kmsg_factory(self.config.kmsg)
-            try:
-                reader.open(after_seq=self._cursor_for("kmsg"))
-                self.kmsg_source = "kmsg"
-                return reader
-            except KmsgUnavailable as exc:
-                if not (self._kmsg_factory is LiveKmsg and isinstance(exc.__cause__, PermissionError)):
-                    self.kmsg_error = str(exc)
-                    log.error("kernel log unavailable: %s; serving cgroup metrics only", exc)
-                    return None
-                device_error = str(exc)
-        syslog = SyslogKmsg()
+        """The live kernel log (see sources.kmsg.open_kernel_log); None, with the reason in `kmsg_error`,
+        when it cannot be read."""
         try:
-            syslog.open(after_seq=self._cursor_for("syslog"))
+            opened = open_kernel_log(self.config.kmsg, self._cursor_for,
+                                     None if self._kmsg_factory is LiveKmsg else self._kmsg_factory)
         except KmsgUnavailable as exc:
-            self.kmsg_error = str(exc) if use_syslog else f"{device_error}; syslog(2): {exc}"
-            log.error("kernel log unavailable: %s; serving cgroup metrics only", self.kmsg_error)
+            self.kmsg_error = str(exc)
+            log.error("kernel log unavailable: %s; serving cgroup metrics only", exc)
             return None
-        if not use_syslog:
+        if opened.fallback:
             log.warning("%s; reading the kernel log through syslog(2) instead, woken by memory.events changes "
-                        "(and every %.0f s)", device_error, syslog.fallback_interval)
-        self.kmsg_source = "syslog"
-        return syslog
+                        "(and every %.0f s)", opened.fallback, opened.reader.fallback_interval)
+        self.kmsg_source = opened.source
+        return opened.reader
 
     def _cursor_for(self, source: str) -> Optional[int]:
         """The saved cursor, when it was written by the same boot and the same kind of reader (sequence

@@ -142,7 +142,7 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
       oomwatch inspect --json --kmsg fixtures/kmsg/linux-6.1-runc-group-pidns.kmsg
     """
     from oomwatch.inspect import build_report, parse_since, render_text, terminal_width
-    from oomwatch.sources.kmsg import is_live_kmsg
+    from oomwatch.sources.kmsg import is_saved_log
 
     since_ts = None
     if since is not None:
@@ -153,7 +153,7 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, kubelet_config=kubelet_config,
                     run_root=run_root, pod_log_dir=pod_log_dir, boot_time=_boot_time(boot_time))
     source = click.core.ParameterSource.DEFAULT
-    saved_log = ctx.get_parameter_source("kmsg") != source and not is_live_kmsg(kmsg) and kmsg != "syslog"
+    saved_log = ctx.get_parameter_source("kmsg") != source and is_saved_log(kmsg)
     # A saved log may come from another node: this host's cgroups would describe the wrong one.
     node_view = not saved_log or ctx.get_parameter_source("cgroup_root") != source
     report = build_report(config, target=target, container=container, since=since_ts, node_view=node_view)

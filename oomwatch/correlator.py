@@ -108,6 +108,7 @@ class Correlator:
         oom_cgroup_hint: Callable[[Optional[str]], Optional[str]] = lambda cg: None,
         victim_cgroup_hint: Callable[[Optional[str]], Optional[str]] = lambda oom_cg: None,
         detected_clock: Callable[[], float] = lambda: 0.0,
+        live: bool = True,
     ) -> None:
         self.boot_id = boot_id
         self.boot_time = boot_time
@@ -118,6 +119,7 @@ class Correlator:
         self._oom_cgroup_hint = oom_cgroup_hint
         self._victim_cgroup_hint = victim_cgroup_hint
         self._detected_clock = detected_clock
+        self._live = live  # records from the live kernel log (a saved log's incidents carry no latency)
         self._open: Optional[_Builder] = None
         self._held: Optional[Incident] = None
         self._held_first_seq: Optional[int] = None
@@ -331,6 +333,7 @@ class Correlator:
             detected_at=0.0,  # set when released
             exiting=tuple(b.exiting),
             workloads=tuple(workloads),
+            live=self._live,
         )
         return replace(incident, explanation=self._explain(incident))
 

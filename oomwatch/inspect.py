@@ -13,8 +13,11 @@ import shutil
 import time
 from typing import Any, Iterable, Optional
 
-from oomwatch.agent import (
-    SYSLOG_SOURCE,
+from oomwatch.config import Config
+from oomwatch.correlator import is_within
+from oomwatch.explain import size
+from oomwatch.model import Incident, KmsgRecord
+from oomwatch.node import (
     NodePosture,
     cgroup_version_label,
     host_boot_time,
@@ -22,13 +25,8 @@ from oomwatch.agent import (
     make_correlator,
     with_effective_oom_group,
 )
-from oomwatch.config import Config
-from oomwatch.correlator import is_within
-from oomwatch.explain import size
-from oomwatch.model import Incident, KmsgRecord
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
-from oomwatch.sources.klog import SyslogKmsg
-from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, LiveKmsg, Lost, is_live_kmsg, read_saved_log
+from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, Lost, is_saved_log, open_kernel_log, read_saved_log
 from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.kubelet import read_kubelet_config
 from oomwatch.workloads.runtime import RuntimeNames
@@ -57,19 +55,19 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
                    clock=time.time) -> tuple[list[Incident], dict]:
     """Every incident still in the kernel's ring buffer (or in the saved log). Returns (incidents, reader
     health). Raises KmsgUnavailable when the log cannot be read at all."""
-    live = is_live_kmsg(config.kmsg) or config.kmsg == SYSLOG_SOURCE
+    live = not is_saved_log(config.kmsg)
     boot_time = config.boot_time if config.boot_time is not None else host_boot_time()
     correlator = make_correlator(boot_id=boot_id if live else "saved-log", boot_time=boot_time,
                                  resolver=resolver, posture_single=lambda: single, cgroup_of_pid=cgroup_of_pid,
-                                 clock=clock)
+                                 clock=clock, live=live)
     health = {"source": config.kmsg, "live": live, "records": 0, "lost": 0, "parse_errors": 0,
               "suppressed_reports": 0}
     items: Iterable[Any]
     if live:
-        reader = open_live_kernel_log(config.kmsg)
-        health["source"] = "syslog(2)" if isinstance(reader, SyslogKmsg) else config.kmsg
-        items = list(reader.read_available())
-        reader.close()
+        opened = open_kernel_log(config.kmsg)
+        health["source"] = "syslog(2)" if opened.source == "syslog" else config.kmsg
+        items = list(opened.reader.read_available())
+        opened.reader.close()
     else:
         try:
             items = read_saved_log(config.kmsg)
@@ -97,26 +95,6 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
     health["times_from"] = "log" if wall_clock else ("boot time given" if config.boot_time is not None or live
                                                      else "this host's boot time")
     return incidents, health
-
-
-def open_live_kernel_log(path: str):
-    """/dev/kmsg, or syslog(2) where the device is refused (a container without the device, or with only
-    CAP_SYSLOG). Raises KmsgUnavailable naming both reasons."""
-    if path != SYSLOG_SOURCE:
-        reader = LiveKmsg(path)
-        try:
-            reader.open()
-            return reader
-        except KmsgUnavailable as exc:
-            if not isinstance(exc.__cause__, PermissionError):
-                raise
-            device_error = str(exc)
-    syslog = SyslogKmsg()
-    try:
-        syslog.open()
-    except KmsgUnavailable as exc:
-        raise KmsgUnavailable(str(exc) if path == SYSLOG_SOURCE else f"{device_error}; syslog(2): {exc}") from exc
-    return syslog
 
 
 def _headroom(limit: Optional[float], usage: Optional[int]) -> Optional[float]:

@@ -1,7 +1,7 @@
 """The typed values that flow through oomwatch: kernel records in, incidents out.
 
 Everything here is a frozen dataclass so sources, the correlator and sinks can share values across
-threads without copying. Field names follow ../shared/CONTRACT.md where they surface in JSON.
+threads without copying. Field names follow the incident JSON of docs/contract.md where they surface.
 """
 
 from __future__ import annotations
@@ -256,13 +256,21 @@ class Incident:
     exiting: tuple[dict[str, Any], ...] = ()  # `OOM victim … already exiting`: died with it, not killed by it
     died_with: tuple[dict[str, Any], ...] = ()  # SIGKILLed in the group cgroup, no kernel line (proc connector)
     workloads: tuple[Workload, ...] = field(default=())  # every workload that lost a process, victim's first
+    # "kmsg": described by the kernel log; "memory.events": counted by the kernel's memory.events while no log
+    # record still describes it (ring wrapped, agent down): no pids, `time` is the end of the window in which
+    # the counter moved and `window_start` its start.
+    evidence: str = "kmsg"
+    window_start: Optional[float] = None
+    live: bool = True  # read from the live kernel log: latency means something (not for saved logs)
 
     @property
     def collateral(self) -> tuple[KilledProcess, ...]:
         return self.killed[1:]
 
     @property
-    def latency_seconds(self) -> float:
+    def latency_seconds(self) -> Optional[float]:
+        if not self.live:
+            return None
         return max(0.0, self.detected_at - self.time)
 
     @property
@@ -291,8 +299,11 @@ class Incident:
             "workload": self.workload.to_json(),
             "explanation": self.explanation,
             "detected_at": iso8601(self.detected_at),
-            "latency_seconds": round(self.latency_seconds, 6),
+            "latency_seconds": None if self.latency_seconds is None else round(self.latency_seconds, 6),
+            "evidence": self.evidence,
         }
+        if self.window_start is not None:
+            out["window_start"] = iso8601(self.window_start)
         if self.exiting:
             out["exiting"] = list(self.exiting)
         if self.died_with:

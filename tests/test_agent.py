@@ -295,7 +295,7 @@ def test_refused_device_falls_back_to_syslog_woken_by_memory_events(tmp_path: Pa
     CAP_SYSLOG. The agent reads through syslog(2), and a kill seen in memory.events is its cue to read."""
     import errno
 
-    import oomwatch.agent as agent_module
+    import oomwatch.sources.klog as klog_module
     from oomwatch.sources.klog import SyslogKmsg
     from oomwatch.sources.kmsg import KmsgUnavailable, LiveKmsg
     from tests.test_klog import FakeKlogctl, syslog_lines
@@ -305,7 +305,7 @@ def test_refused_device_falls_back_to_syslog_woken_by_memory_events(tmp_path: Pa
 
     monkeypatch.setattr(LiveKmsg, "open", refuse)
     kernel = FakeKlogctl(syslog_lines(upto_seq=521))  # the first two incidents are in the ring
-    monkeypatch.setattr(agent_module, "SyslogKmsg",
+    monkeypatch.setattr(klog_module, "SyslogKmsg",
                         lambda: SyslogKmsg(syscall=kernel, fallback_interval=3600))
     tree = tmp_path / "cgroup"
     shutil.copytree(GOLDEN / "cgroup", tree)

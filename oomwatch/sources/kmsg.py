@@ -148,3 +148,57 @@ def read_saved_log(source: Union[str, BinaryIO]) -> Iterator[KmsgItem]:
     finally:
         if close:
             stream.close()
+
+
+# `--kmsg syslog`: read the kernel log through syslog(2) rather than /dev/kmsg.
+SYSLOG_SOURCE = "syslog"
+
+
+def is_saved_log(path: str) -> bool:
+    """`--kmsg` names a saved log (a file, or `-` for stdin) rather than the live kernel log."""
+    if path == "-":
+        return True
+    if path == SYSLOG_SOURCE:
+        return False
+    try:
+        return not stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        # Missing: a device path is the live log (opening it says why it cannot be read), anything else a
+        # saved log the user meant to name.
+        return not path.startswith("/dev/")
+
+
+@dataclass
+class OpenedLog:
+    """A live kernel-log reader and how it was reached: `source` is "kmsg" or "syslog" (which kind of cursor
+    it understands); `fallback` says why /dev/kmsg was not used, when it was refused."""
+
+    reader: object  # LiveKmsg or sources.klog.SyslogKmsg: open(), read_available(), wait(), close()
+    source: str
+    fallback: Optional[str] = None
+
+
+def open_kernel_log(path: str, cursor_for=lambda source: None, kmsg_factory=None) -> OpenedLog:
+    """The live kernel log: `path` (/dev/kmsg), or syslog(2) where the device is refused (an unprivileged
+    container: the runtime's device cgroup does not list /dev/kmsg, while syslog(2) needs only CAP_SYSLOG),
+    or syslog(2) always when `path` is "syslog". `cursor_for(source)` gives the sequence to resume after.
+    Raises KmsgUnavailable naming every reason."""
+    from oomwatch.sources.klog import SyslogKmsg  # only where the fallback is needed
+
+    device_error = None
+    if path != SYSLOG_SOURCE:
+        factory = kmsg_factory or LiveKmsg
+        reader = factory(path)
+        try:
+            reader.open(after_seq=cursor_for("kmsg"))
+            return OpenedLog(reader, "kmsg")
+        except KmsgUnavailable as exc:
+            if kmsg_factory is not None or not isinstance(exc.__cause__, PermissionError):
+                raise
+            device_error = str(exc)
+    syslog = SyslogKmsg()
+    try:
+        syslog.open(after_seq=cursor_for("syslog"))
+    except KmsgUnavailable as exc:
+        raise KmsgUnavailable(str(exc) if device_error is None else f"{device_error}; {exc}") from exc
+    return OpenedLog(syslog, "syslog", device_error)

@@ -1,0 +1,89 @@
+"""What the agent and `inspect` both know about this node: its OOM posture, which cgroups are workloads,
+and how kernel records become incidents here. Neither command's wiring lives here; both import this."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Callable, Optional
+
+from oomwatch.config import Config
+from oomwatch.correlator import Correlator
+from oomwatch.explain import explain
+from oomwatch.model import CgroupStats, Workload
+from oomwatch.sinks.collector import NodeInfo
+from oomwatch.sources.cgroupfs import CgroupFS, Proc
+from oomwatch.workloads import WorkloadResolver, kubepods_level, scope_of
+from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
+
+
+def cgroup_version_label(version: str) -> str:
+    return {"v2": "2", "v1": "1"}.get(version, version)
+
+
+def is_workload_cgroup(path: str, workload: Workload, stats: Optional[CgroupStats]) -> bool:
+    """Which cgroups get their own series: Kubernetes containers and pods, Slurm steps, systemd services
+    and scopes, and any other cgroup with memory.oom.group=1 or a memory limit (someone cared)."""
+    if workload.cgroup != path or workload.sandbox or kubepods_level(path) == "conmon":
+        return False
+    if workload.type in ("k8s-container", "k8s-pod", "slurm"):
+        return True
+    if workload.type == "systemd":
+        return bool(workload.unit and workload.unit.endswith((".service", ".scope")))
+    if stats is None:
+        return False
+    return stats.oom_group == 1 or (stats.limit_bytes is not None and not math.isinf(stats.limit_bytes))
+
+
+def with_effective_oom_group(fs: CgroupFS, workload: Workload, stats: CgroupStats) -> CgroupStats:
+    """Slurm's OOMKillStep sets memory.oom.group on the step's `user` child, not on the step: what decides
+    whether the step dies whole is that child's flag."""
+    if workload.type == "slurm" and workload.slurm_step and not stats.oom_group:
+        child = fs.read_stats(workload.cgroup.rstrip("/") + "/user")
+        if child is not None and child.oom_group:
+            return replace(stats, oom_group=child.oom_group)
+    return stats
+
+
+class NodePosture:
+    """What the node's OOM policy is, re-read on demand (the kubelet config can change under us)."""
+
+    def __init__(self, config: Config, proc: Proc) -> None:
+        self.config = config
+        self.proc = proc
+        self.kernel = proc.kernel_release()
+        self.cgroup_version = proc.cgroup_version(config.cgroup_root)
+
+    def single_process_oom_kill(self) -> str:
+        policy = read_kubelet_config(self.config.kubelet_config)
+        return single_process_oom_kill(policy, self.cgroup_version)
+
+    def info(self) -> NodeInfo:
+        return NodeInfo(kernel=self.kernel, cgroup_version=cgroup_version_label(self.cgroup_version),
+                        single_process_oom_kill=self.single_process_oom_kill())
+
+
+def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolver,
+                    posture_single: Callable[[], str], cgroup_of_pid=lambda pid: None,
+                    oom_cgroup_hint=lambda cg: None, victim_cgroup_hint=lambda cg: None,
+                    clock: Callable[[], float] = time.time, live: bool = True) -> Correlator:
+    return Correlator(
+        boot_id=boot_id,
+        boot_time=boot_time,
+        resolve_workload=resolver.resolve,
+        scope_of=scope_of,
+        explain=lambda incident: explain(incident, posture_single()),
+        cgroup_of_pid=cgroup_of_pid,
+        oom_cgroup_hint=oom_cgroup_hint,
+        victim_cgroup_hint=victim_cgroup_hint,
+        detected_clock=clock,
+        live=live,
+    )
+
+
+def host_boot_time() -> float:
+    """Epoch seconds of kernel time 0: printk stamps count from boot like CLOCK_MONOTONIC."""
+    return time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
