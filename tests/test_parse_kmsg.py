@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import io
+import json
+import time
+from zoneinfo import ZoneInfo
 
 import pytest
 
-from oomwatch.parse.kmsg import GARBLED, LOST_MARKER, KmsgParseError, parse_kmsg_record, parse_text_log, unescape
+from oomwatch.parse.kmsg import (
+    GARBLED,
+    LOST_MARKER,
+    MAX_LINE,
+    KmsgParseError,
+    TextLogStats,
+    parse_kmsg_record,
+    parse_text_log,
+    unescape,
+)
 from tests.conftest import CAPTURES, raw_records
 
 CAPTURE_FILES = sorted(CAPTURES.glob("linux-6.1-*.kmsg"))
@@ -50,41 +63,199 @@ def test_garbled_records_raise_a_parse_error(raw) -> None:
         parse_kmsg_record(raw)
 
 
-def texts(data: bytes) -> list:
-    return list(parse_text_log(io.BytesIO(data), year=2026))
+def texts(data: bytes, **kwargs) -> list:
+    kwargs.setdefault("year", 2026)
+    kwargs.setdefault("tz", UTC)
+    return list(parse_text_log(io.BytesIO(data), **kwargs))
 
 
-def test_dmesg_formats() -> None:
-    plain, raw, decoded = texts(b"[ 8548.134001] oom-kill:constraint=X\n"
-                                b"<3>[    8.549782] Memory cgroup out of memory: Killed\n"
-                                b"kern  :err   : [    9.1] Out of memory: Killed\n")
-    assert (plain.usec, plain.text, plain.priority) == (8548134001, "oom-kill:constraint=X", 6)
-    assert (raw.usec, raw.priority, raw.level) == (8549782, 3, 3)
-    assert (decoded.usec, decoded.priority, decoded.text) == (9100000, 3, "Out of memory: Killed")
+UTC = dt.timezone.utc
+TEXT = "Memory cgroup out of memory: Killed process 4711 (python3) total-vm:1kB"
+# 2023-08-22 16:10:45 UTC
+WALL = 1692720645.0
+
+# One line per wrapper, as each tool prints it: (format detected, line, usec, wall time). The text after the
+# wrapper is always TEXT. Dates without a zone are read in UTC here (tz=UTC); the year of dates printed without
+# one is 2023 (year=2023).
+SAMPLES = [
+    ("kmsg", f"6,1170,139201253,-;{TEXT}", 139201253, None),
+    ("kmsg", f"6,1170,139201253,-,caller=T4711;{TEXT}", 139201253, None),
+    ("dmesg", f"[  139.201253] {TEXT}", 139201253, None),
+    ("dmesg", f"[  139.201253] [ T4711] {TEXT}", 139201253, None),  # CONFIG_PRINTK_CALLER
+    ("dmesg", f"[  139.201253][    C1] {TEXT}", 139201253, None),
+    ("dmesg -r", f"<6>[  139.201253] {TEXT}", 139201253, None),
+    ("dmesg -x", f"kern  :info  : [  139.201253] {TEXT}", 139201253, None),
+    ("dmesg -T", f"[Tue Aug 22 16:10:45 2023] {TEXT}", None, WALL),
+    ("dmesg -T", f"[Tue Aug 22 16:10:45 2023] [ T4711] {TEXT}", None, WALL),
+    ("dmesg iso", f"2023-08-22T16:10:45,201253+00:00 {TEXT}", None, WALL + 0.201253),
+    ("journal short", f"Aug 22 16:10:45 gpu-node-7 kernel: {TEXT}", None, WALL),
+    ("journal short", f"Aug 22 16:10:45  kernel: {TEXT}", None, WALL),  # empty hostname
+    ("journal short", f"Aug 22 16:10:45 kernel: {TEXT}", None, WALL),  # --no-hostname
+    ("journal short-precise", f"Aug 22 16:10:45.201253 gpu-node-7 kernel: {TEXT}", None, WALL + 0.201253),
+    ("journal short-iso", f"2023-08-22T16:10:45+0000 gpu-node-7 kernel: {TEXT}", None, WALL),
+    ("journal short-iso", f"2023-08-22T18:10:45+02:00 gpu-node-7 kernel: {TEXT}", None, WALL),
+    ("journal short-iso-precise", f"2023-08-22T16:10:45.201253+0000 gpu-node-7 kernel: {TEXT}", None,
+     WALL + 0.201253),
+    ("journal short-full", f"Tue 2023-08-22 16:10:45 UTC gpu-node-7 kernel: {TEXT}", None, WALL),
+    ("journal short-unix", f"1692720645.201253 gpu-node-7 kernel: {TEXT}", None, WALL + 0.201253),
+    ("journal short-monotonic", f"[  139.201253] gpu-node-7 kernel: {TEXT}", 139201253, None),
+    ("journal short-monotonic", f"[  139.201253]  kernel: {TEXT}", 139201253, None),
+    ("journal json", '{"__REALTIME_TIMESTAMP":"1692720645201253","_SOURCE_MONOTONIC_TIMESTAMP":"139201253",'
+                     '"PRIORITY":"3","_TRANSPORT":"kernel","SYSLOG_IDENTIFIER":"kernel","MESSAGE":"' + TEXT + '"}',
+     139201253, WALL + 0.201253),
+    ("syslog", f"Aug 22 16:10:45 gpu-node-7 kernel: [  139.201253] {TEXT}", 139201253, WALL),
+    ("syslog", f"Aug 22 16:10:45 gpu-node-7 kernel: [  139.201253] [ T4711] {TEXT}", 139201253, WALL),
+    ("syslog iso-precise", f"2023-08-22T16:10:45.201253+00:00 gpu-node-7 kernel: [  139.201253] {TEXT}",
+     139201253, WALL + 0.201253),
+    ("syslog rfc3164", f"<3>Aug 22 16:10:45 gpu-node-7 kernel: {TEXT}", None, WALL),
+    ("syslog rfc3164", f"<3>Aug 22 16:10:45 gpu-node-7 kernel: [  139.201253] {TEXT}", 139201253, WALL),
+    ("syslog rfc5424", f"<3>1 2023-08-22T16:10:45.201253Z gpu-node-7 kernel - - - {TEXT}", None, WALL + 0.201253),
+    ("syslog rfc5424", f'<3>1 2023-08-22T16:10:45Z gpu-node-7 kernel - - [meta x="1"] [  139.201253] {TEXT}',
+     139201253, WALL),
+    ("bare", TEXT, None, None),  # journalctl -o cat, netconsole, a trimmed paste
+]
 
 
-def test_dmesg_human_time_and_journalctl_formats() -> None:
-    t, short, iso, mono = texts(
-        b"[Sun Nov 22 17:38:21 2026] Tasks in /b are going\n"
-        b"Nov 22 17:38:21 node-1 kernel: Tasks in /c are going\n"
-        b"2026-11-22T17:38:21.250000+0000 node-1 kernel: Tasks in /d are going\n"
-        b"[  123.456789] node-1 kernel: Tasks in /e are going\n")
-    assert t.wall_time == short.wall_time == 1795369101.0
-    assert iso.wall_time == 1795369101.25 and iso.text == "Tasks in /d are going"
-    assert mono.usec == 123456789 and mono.wall_time is None
+@pytest.mark.parametrize("fmt,line,usec,wall", SAMPLES, ids=[f"{s[0]}:{s[1][:30]}" for s in SAMPLES])
+@pytest.mark.parametrize("decoration", ["", "   ", "\t", "crlf"])
+def test_each_wrapper_is_detected_and_read(fmt, line, usec, wall, decoration) -> None:
+    """Each sample, also indented (a web page, a code block) and with CRLF line ends (a Windows paste)."""
+    data = (decoration.replace("crlf", "") + line + ("\r\n" if decoration == "crlf" else "\n")).encode()
+    stats = TextLogStats()
+    (record,) = texts(data, year=2023, stats=stats)
+    assert stats.formats == {fmt: 1}
+    assert record.text == TEXT
+    assert record.usec == usec
+    assert record.wall_time == (pytest.approx(wall) if wall is not None else None)
+    assert stats.garbled == 0 and stats.records == 1
+
+
+def test_dmesg_levels_and_syslog_priorities() -> None:
+    raw, decoded, rfc3164, rfc5424, plain = texts(
+        b"<3>[    8.549782] a\nkern  :err   : [    9.1] b\n<4>Aug 22 16:10:45 h kernel: c\n"
+        b"<2>1 2023-08-22T16:10:45Z h kernel - - - d\n[ 8548.134001] e\n")
+    assert [r.priority for r in (raw, decoded, rfc3164, rfc5424, plain)] == [3, 3, 4, 2, 6]
+    assert decoded.usec == 9100000
+
+
+def test_local_time_is_this_machines_zone_or_the_given_one(monkeypatch) -> None:
+    """`dmesg -T` and journalctl print local time: 16:10:45 in New York is 20:10:45Z."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        (local,) = list(parse_text_log(io.BytesIO(b"[Tue Aug 22 16:10:45 2023] x\n")))
+        (short,) = list(parse_text_log(io.BytesIO(b"Aug 22 16:10:45 h kernel: x\n"), year=2023))
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+    assert local.wall_time == short.wall_time == WALL + 4 * 3600
+    (given,) = texts(b"[Tue Aug 22 16:10:45 2023] x\n", tz=ZoneInfo("Europe/Berlin"))
+    assert given.wall_time == WALL - 2 * 3600
+    (explicit,) = texts(b"2023-08-22T16:10:45+0000 h kernel: x\n", tz=ZoneInfo("Europe/Berlin"))
+    assert explicit.wall_time == WALL, "a printed zone wins over --tz"
+
+
+def test_a_date_without_a_year_is_guessed_and_said() -> None:
+    now = dt.datetime(2024, 3, 1, 12, tzinfo=UTC).timestamp()
+    stats = TextLogStats()
+    dec, feb29 = texts(b"Dec 31 23:59:59 h kernel: a\nFeb 29 10:00:00 h kernel: b\n", year=None, now=now,
+                       stats=stats)
+    assert dec.wall_time == dt.datetime(2023, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp(), "not in the future"
+    assert feb29.wall_time == dt.datetime(2024, 2, 29, 10, tzinfo=UTC).timestamp()
+    assert stats.guessed_years == {2023, 2024}
+    later = dt.datetime(2025, 6, 1, tzinfo=UTC).timestamp()
+    (leap,) = texts(b"Feb 29 10:00:00 h kernel: b\n", year=None, now=later)
+    assert leap.wall_time == dt.datetime(2024, 2, 29, 10, tzinfo=UTC).timestamp(), "the last year it existed"
+    stats = TextLogStats()
+    assert texts(b"Feb 29 10:00:00 h kernel: b\n", year=2025, stats=stats) == []
+    assert stats.garbled == 1 and stats.first_garbled.startswith("Feb 29"), "the year was given: no guessing"
+
+
+@pytest.mark.parametrize("line", [
+    b"[Mon Feb 30 10:00:00 2023] x", b"[Mon Jan 01 25:61:00 2023] x", b"Foo 12 10:00:00 h kernel: x",
+    b"2023-13-45T10:00:00+0000 h kernel: x", b"2023-01-01T10:00:00+9999 h kernel: x",
+    b"<3>1 2023-02-30T10:00:00Z h kernel - - - x", b'{"_TRANSPORT":"kernel","MESSAGE":1}', b"{not json",
+    b"[" * 5000 + b"]" * 5000,
+])
+def test_invalid_dates_and_broken_wrappers_are_counted_not_raised(line) -> None:
+    stats = TextLogStats()
+    records = texts(line + b"\n", stats=stats)
+    assert stats.garbled + stats.bare == 1 and stats.lines == 1
+    assert all(r.text for r in records)
+
+
+def test_other_programs_and_journal_markers_are_skipped_and_counted() -> None:
+    stats = TextLogStats()
+    records = texts(
+        b"-- Boot 4c1f3a527e0b4d2e9a8c1b6f0e2d3c4a --\n"
+        b"Aug 22 16:10:45 node systemd[1]: Started foo.service.\n"
+        b"Aug 22 16:10:45 node kubelet[812]: E0822 pod_workers.go:1298] Error syncing pod\n"
+        b'{"_TRANSPORT":"syslog","SYSLOG_IDENTIFIER":"sshd","MESSAGE":"Accepted"}\n'
+        b"<30>1 2023-08-22T16:10:45Z node systemd 1 - - Started\n"
+        b"[  139.201253] node systemd[1]: Started foo.service.\n"
+        b"[  139.201253] usb 1-1: new high-speed USB device\n"  # plain dmesg, not another program
+        b"# dmesg\n"
+        b"Aug 22 16:10:45 node kernel: a\n", stats=stats)
+    assert [r.text for r in records] == ["usb 1-1: new high-speed USB device", "a"]
+    assert stats.other == 5 and stats.comments == 1 and stats.lines == 9
+
+
+@pytest.mark.parametrize("notice", [b"No journal files were found.", b"-- No entries --"])
+def test_journalctls_nothing_to_show_is_noted(notice) -> None:
+    stats = TextLogStats()
+    assert texts(notice + b"\n", stats=stats) == []
+    assert stats.notice == notice.decode()
+
+
+def test_journal_multiline_record_continuation_is_not_a_record() -> None:
+    stats = TextLogStats()
+    records = texts(b"Aug 22 16:10:45 node kernel: Memory cgroup stats for /a:\n"
+                    b"                                   anon 66777088\n"
+                    b"                                   file 0\n"
+                    b"Aug 22 16:10:45 node kernel: b\n", stats=stats)
+    assert [r.text for r in records] == ["Memory cgroup stats for /a:", "b"]
+    assert stats.continuation == 2
+
+
+def test_json_message_as_bytes_and_other_fields() -> None:
+    line = json.dumps({"_TRANSPORT": "kernel", "MESSAGE": list(b"Killed process 1 (tr\xffin)"),
+                       "__REALTIME_TIMESTAMP": "9" * 5000, "PRIORITY": "x"})
+    (record,) = texts(line.encode() + b"\n")
+    assert record.text == "Killed process 1 (tr\\xffin)"
+    assert record.wall_time is None and record.priority == 6
 
 
 def test_saved_raw_dump_with_epipe_marker_and_garbage() -> None:
-    items = texts(b"6,1,10,-;first\n SUBSYSTEM=x\n#EPIPE\n6,9,20,-;after the gap\nrandom noise line\n")
-    assert [i.text for i in items] == ["first", "#EPIPE", "after the gap"]
+    stats = TextLogStats()
+    items = texts(b"6,1,10,-;first\n SUBSYSTEM=x\n#EPIPE\n6,9,20,-;after the gap\nrandom noise line\n",
+                  stats=stats)
+    assert [i.text for i in items] == ["first", "#EPIPE", "after the gap", "random noise line"]
     assert items[0].fields == (("SUBSYSTEM", "x"),)
     assert items[1].priority == LOST_MARKER
+    assert stats.formats == {"kmsg": 2, "bare": 1}
 
 
 def test_truncated_raw_record_in_a_dump_is_flagged_not_fatal() -> None:
-    items = texts(b"6,1,10,-;ok\n6,2,99999999999999999999999999,-;" + b"x" * 10 + b"\n")
+    stats = TextLogStats()
+    items = texts(b"6,1,10,-;ok\n6,2,99999999999999999999,-;" + b"x" * 10 + b"\n", stats=stats)
     assert items[0].text == "ok"
-    assert items[1].priority in (GARBLED, 6)
+    assert items[1].priority == GARBLED and stats.garbled == 1
+
+
+@pytest.mark.parametrize("raw", [b"6,18446744073709551616,1,-;x", b"6,1,18446744073709552,-;x",
+                                 b"6," + b"9" * 5000 + b",1,-;x"])
+def test_raw_numbers_beyond_the_kernels_u64_are_garbled(raw) -> None:
+    with pytest.raises(KmsgParseError):
+        parse_kmsg_record(raw)
+
+
+def test_over_long_lines_are_cut_without_holding_them() -> None:
+    stats = TextLogStats()
+    huge = b"[    1.000000] " + b"(" * (3 * MAX_LINE) + b"\n[    2.000000] next\n"
+    records = texts(huge, stats=stats)
+    assert stats.truncated == 1
+    assert len(records[0].text) < MAX_LINE and records[1].text == "next"
+    assert len(next(parse_text_log(iter([b"x" * (2 * MAX_LINE)]))).text) == MAX_LINE
 
 
 def test_live_reader_counts_an_overrun_from_the_sequence_gap_and_keeps_reading(monkeypatch) -> None:

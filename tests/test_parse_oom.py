@@ -94,6 +94,37 @@ CASES = [
     ("Memory cgroup out of memory: OOM victim 724 (sleep) is already exiting. Skip killing the task",
      OomAlreadyExiting(pid=724, comm="sleep", oom_kind="memcg")),
     ("oom_kill_process: 7 callbacks suppressed", OomSuppressed(function="oom_kill_process", count=7)),
+    # 3.10 (RHEL/CentOS 7): no shmem-rss; RHEL 7 prints `, UID U,` after the comm
+    ("Killed process 2512 (java) total-vm:4529428kB, anon-rss:1021988kB, file-rss:0kB",
+     OomKilled(pid=2512, comm="java", oom_kind="unknown", total_vm_bytes=4529428 << 10,
+               anon_rss_bytes=1021988 << 10, file_rss_bytes=0)),
+    ("Killed process 24591 (java), UID 1001, total-vm:9815928kB, anon-rss:4185028kB, file-rss:0kB, shmem-rss:0kB",
+     OomKilled(pid=24591, comm="java", oom_kind="unknown", total_vm_bytes=9815928 << 10,
+               anon_rss_bytes=4185028 << 10, file_rss_bytes=0, shmem_rss_bytes=0, uid=1001)),
+    ("Out of memory: Kill process 2512 (java) score 929 or sacrifice child",
+     OomSelected(pid=2512, comm="java", score=929, oom_kind="global")),
+    ("Out of memory (oom_kill_allocating_task): Kill process 77 (stress) score 0 or sacrifice child",
+     OomSelected(pid=77, comm="stress", score=0, oom_kind="global")),
+    ("java invoked oom-killer: gfp_mask=0x201da, order=0, oom_score_adj=0",
+     OomInvoked(comm="java", gfp_mask="0x201da", order=0, oom_score_adj=0)),
+    ("java invoked oom-killer: gfp_mask=0x201da, order=0, oom_adj=0, oom_score_adj=0",
+     OomInvoked(comm="java", gfp_mask="0x201da", order=0, oom_score_adj=0)),
+    # sysrq-f: `sysrq: Manual OOM execution` then the OOM killer invoked by a kworker with order=-1
+    ("kworker/0:1 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=-1, oom_score_adj=0",
+     OomInvoked(comm="kworker/0:1", gfp_mask="0xcc0(GFP_KERNEL)", order=-1, oom_score_adj=0)),
+    ("Task in /kubepods/burstable/pod6a1b/4f2a killed as a result of limit of /kubepods/burstable/pod6a1b/4f2a",
+     OomSummary(constraint="memcg", oom_cgroup="/kubepods/burstable/pod6a1b/4f2a",
+                task_cgroup="/kubepods/burstable/pod6a1b/4f2a", comm=None, pid=None, uid=None)),
+    # 4.19: the summary has no constraint= yet
+    ("oom-kill:nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/p,task_memcg=/p/c,task=x,pid=7,uid=0",
+     OomSummary(constraint="memcg", oom_cgroup="/p", task_cgroup="/p/c", comm="x", pid=7, uid=0)),
+    ("oom-kill:nodemask=(null),cpuset=/,mems_allowed=0,global_oom,task_memcg=/,task=x,pid=7,uid=0",
+     OomSummary(constraint="global", oom_cgroup="/", task_cgroup="/", comm="x", pid=7, uid=0)),
+    # a newline in a comm, as the kernel escapes it (\x0a) and as /dev/kmsg gives it back once unescaped
+    ("Memory cgroup out of memory: Killed process 9 (a\nb) total-vm:1kB, anon-rss:1kB, file-rss:0kB, "
+     "shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0",
+     OomKilled(pid=9, comm="a\nb", oom_kind="memcg", total_vm_bytes=1024, anon_rss_bytes=1024, file_rss_bytes=0,
+               shmem_rss_bytes=0, uid=0, pgtables_bytes=4096, oom_score_adj=0)),
 ]
 
 
@@ -111,6 +142,12 @@ def test_each_kernel_format(text, expected) -> None:
     "Tasks state (memory values in pages):",
     "",
     "memory: usage lots",
+    # beyond what a kernel can print: a comm over 64 characters, numbers over 20 digits, paths over PATH_MAX
+    "Out of memory: Killed process 1 (" + "(" * 100 + ") total-vm:1kB, anon-rss:1kB, file-rss:0kB",
+    "Out of memory: Killed process " + "9" * 5000 + " (x) total-vm:1kB, anon-rss:1kB, file-rss:0kB",
+    "Tasks in /" + "a" * 5000 + " are going to be killed due to memory.oom.group set",
+    "Task in /a killed as a result of limit of ",
+    "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),task=x,pid=1,uid=0",
 ])
 def test_non_oom_and_truncated_lines_are_not_oom_records(text) -> None:
     assert parse_oom_line(text) is None

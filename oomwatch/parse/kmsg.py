@@ -9,10 +9,10 @@ newline), >= 0x7f and `\\` are written as `\\xNN`.
 
 from __future__ import annotations
 
-import calendar
 import datetime as _dt
+import json
 import re
-import time
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional
 
 from oomwatch.model import KmsgRecord
@@ -24,6 +24,11 @@ _DEFAULT_PRIORITY = 6
 # Priorities that are not syslog priorities: markers a saved log can carry.
 LOST_MARKER = -1  # records lost here (`#EPIPE` in our captures)
 GARBLED = -2  # a raw record whose prefix did not parse
+
+# The kernel's sequence number is a u64, its timestamp u64 nanoseconds since boot (584 years): anything larger
+# is not a kernel record, and would overflow every date conversion downstream.
+MAX_SEQ = (1 << 64) - 1
+MAX_USEC = MAX_SEQ // 1000
 
 
 class KmsgParseError(ValueError):
@@ -48,8 +53,8 @@ def parse_kmsg_record(raw: bytes) -> KmsgRecord:
         priority, seq, usec = int(prefix[0]), int(prefix[1]), int(prefix[2])
     except ValueError as exc:
         raise KmsgParseError(f"bad record prefix {head[:60]!r}") from exc
-    if priority < 0 or seq < 0 or usec < 0:
-        raise KmsgParseError(f"negative field in record prefix {head[:60]!r}")
+    if priority < 0 or seq < 0 or usec < 0 or usec > MAX_USEC or seq > MAX_SEQ:
+        raise KmsgParseError(f"field out of range in record prefix {head[:60]!r}")
     lines = rest.rstrip(b"\n").split(b"\n")
     fields = []
     for line in lines[1:]:
@@ -60,102 +65,379 @@ def parse_kmsg_record(raw: bytes) -> KmsgRecord:
 
 
 # --- saved text --------------------------------------------------------------------------------------
+#
+# A pasted OOM report comes in whatever a human or a log system wrapped around the kernel's lines. Each line is
+# read in two layers: an outer log-system wrapper (journalctl, syslog) that names the program and maybe the
+# wall-clock time, then the inner `dmesg` prefix (`<pri>`, `fac:lvl:`, `[secs.usec]` or `[human date]`, a
+# caller id `[T123]`). A line with neither is kept as bare kernel text (netconsole, serial consoles, trimmed
+# pastes, `journalctl -o cat`). The samples each format is tested on are in tests/test_parse_kmsg.py.
 
-# Raw /dev/kmsg dump, one record per line (+ continuation lines).
-_RAW = re.compile(rb"^\d+,\d+,\d+,[^;]*;")
-# `dmesg`, `dmesg -r` (`<3>[ 1.2] …`), `dmesg -x` (`kern  :err   : [ 1.2] …`)
-_DMESG = re.compile(r"^(?:<(?P<pri>\d+)>)?(?:(?P<fac>[a-z]+)\s*:(?P<lvl>[a-z]+)\s*: )?"
-                    r"\[\s*(?P<secs>\d+)\.(?P<frac>\d+)\] ?(?P<text>.*)$")
-# `dmesg -T`: `[Sun Nov 22 17:38:21 2026] …`
-_DMESG_T = re.compile(r"^\[(?P<wall>[A-Z][a-z]{2} [A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d \d{4})\] ?(?P<text>.*)$")
-# journalctl -k: short (`Nov 22 17:38:21 host kernel: …`), short-precise (µs), short-iso
-# (`2026-11-22T17:38:21+0000 host kernel: …`), short-monotonic (`[  123.456789] host kernel: …`)
-_JOURNAL = re.compile(
-    r"^(?:(?P<bsd>[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d(?:\.\d+)?)|"
-    r"(?P<iso>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:?\d\d|Z)?)|"
-    r"\[\s*(?P<mono>\d+\.\d+)\]) \S+ kernel: ?(?P<text>.*)$")
+# Longest line read whole: a kernel record is under 1 KiB of text (printk's LOG_LINE_MAX), a journal JSON entry
+# a few KiB. Longer lines are cut here, so no input grows memory or regex time without bound.
+MAX_LINE = 64 * 1024
+
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
+                                        "Nov", "Dec"), start=1)}
 _LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warn": 4, "notice": 5, "info": 6, "debug": 7}
+# Syslog priority for kernel messages when a text format does not say (KERN_INFO).
+_DEFAULT_PRIORITY = 6
+# journalctl's own words when it has nothing to print: the input holds no log at all.
+JOURNAL_NOTICES = ("No journal files were found.", "-- No entries --")
+
+_BSD = r"(?P<mon>[A-Z][a-z]{2}) {1,2}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)(?:\.(?P<bfrac>\d{1,9}))?"
+_ISO = (r"(?P<iso>(?P<idate>\d{4}-\d\d-\d\d)[T ](?P<itime>\d\d:\d\d:\d\d)(?:[.,](?P<ifrac>\d{1,9}))?"
+        r"(?P<izone>Z|[+-]\d\d:?\d\d)?)")
+_FULL = (r"[A-Z][a-z]{2} (?P<fdate>\d{4}-\d\d-\d\d) (?P<ftime>\d\d:\d\d:\d\d)(?:\.(?P<ffrac>\d{1,9}))? "
+         r"(?P<fzone>[A-Za-z][A-Za-z0-9+-]{0,5})")
+_UNIX = r"(?P<unix>\d{1,11}\.\d{1,9})"
+_MONO = r"\[ *(?P<mono>\d{1,11}\.\d{1,9})(?: <[ \d.]{1,24}>)?\]"
+_STAMP = rf"(?:{_BSD}|{_ISO}|{_FULL}|{_UNIX}|{_MONO})"
+# journalctl short* / syslog files: `STAMP [host] kernel: …`; the hostname may be empty (two spaces) or absent.
+_KERNEL_LINE = re.compile(rf"^(?:<(?P<spri>\d{{1,3}})>)?{_STAMP}(?: (?P<host>\S{{0,255}}))? kernel(?:\[\d{{1,10}}\])?: "
+                          r"?(?P<rest>.*)$", re.S)
+# The same wrapper around another program's line (an unfiltered syslog or journal). After a monotonic stamp
+# only `name[pid]:` counts: `[ 1.2] usb 1-1: new device` is a plain dmesg line.
+_OTHER_LINE = re.compile(rf"^(?:(?:<\d{{1,3}}>)?(?:{_BSD}|{_ISO}|{_FULL}|{_UNIX}) \S{{0,255}} ?[^\s:\[\]]{{1,128}}"
+                         rf"(?:\[\d{{1,10}}\])?|{_MONO} \S{{0,255}} ?[^\s:\[\]]{{1,128}}\[\d{{1,10}}\]): ")
+# RFC 5424: `<PRI>1 TIMESTAMP HOST APP PROCID MSGID SD [MSG]`
+_RFC5424 = re.compile(r"^<(?P<pri>\d{1,3})>1 (?P<ts>\S{1,64}) \S{1,255} (?P<app>\S{1,48}) \S{1,128} \S{1,32} "
+                      r"(?P<sd>-|(?:\[(?:[^\]\\]|\\.){0,4096}\]){1,16}) ?(?P<rest>.*)$", re.S)
+# The dmesg layer: `<pri>` (-r), `fac :lvl :` (-x), `[secs.frac]` or `[Tue Aug 22 16:10:45 2023]` (-T), and
+# the caller id of CONFIG_PRINTK_CALLER (`[T123]`, `[C1]`).
+_DMESG = re.compile(
+    r"^(?:<(?P<pri>\d{1,3})>)?(?:(?P<fac>[a-z]{2,8}) *:(?P<lvl>[a-z]{2,6}) *: ?)?"
+    r"(?:\[ *(?P<secs>\d{1,11})\.(?P<frac>\d{1,9})\]|"
+    r"\[(?P<human>(?P<hwd>[A-Z][a-z]{2}) (?P<hmon>[A-Z][a-z]{2}) {1,2}(?P<hday>\d{1,2}) "
+    r"(?P<hhms>\d\d:\d\d:\d\d) (?P<hyear>\d{4}))\])?"
+    r"(?: ?\[ *(?P<caller>[TC]\d{1,10})\])? ?(?P<text>.*)$", re.S)
+_DMESG_ISO = re.compile(rf"^{_ISO} (?P<text>.*)$", re.S)  # dmesg --time-format iso
+_RAW = re.compile(r"^\d{1,20},\d{1,20},\d{1,20},[^;]{0,256};")
+_RAW_FIELD = re.compile(rb"^ [A-Za-z0-9_.-]{1,64}=")
+_UTC_NAMES = ("UTC", "GMT", "Z")
 
 
-def _journal_wall(m: re.Match, year: int) -> Optional[float]:
-    if m.group("bsd"):
-        text = m.group("bsd")
-        stamp, _, frac = text.partition(".")
-        parsed = time.strptime(f"{year} {stamp}", "%Y %b %d %H:%M:%S")
-        # journalctl prints local time; the agent runs in UTC containers, so local == UTC there.
-        return calendar.timegm(parsed) + (float(f"0.{frac}") if frac else 0.0)
-    if m.group("iso"):
-        text = m.group("iso")
-        if text.endswith("Z"):
-            text = text[:-1] + "+00:00"
-        elif re.search(r"[+-]\d{4}$", text):
-            text = text[:-2] + ":" + text[-2:]
-        parsed_dt = _dt.datetime.fromisoformat(text)
-        if parsed_dt.tzinfo is None:
-            parsed_dt = parsed_dt.replace(tzinfo=_dt.timezone.utc)
-        return parsed_dt.timestamp()
-    return None
+@dataclass
+class TextLogStats:
+    """What a saved log held, so that `inspect` can say what it did and did not understand."""
+
+    lines: int = 0  # non-empty lines read
+    records: int = 0  # kernel records found (bare text included)
+    formats: dict[str, int] = field(default_factory=dict)  # records per wrapper format
+    other: int = 0  # lines of other programs (an unfiltered syslog or journal)
+    comments: int = 0  # lines starting with `#`
+    continuation: int = 0  # indented continuation lines of a multi-line record (journalctl)
+    garbled: int = 0  # lines in a known wrapper that could not be read (a broken prefix, an invalid date)
+    first_garbled: Optional[str] = None
+    truncated: int = 0  # lines cut at MAX_LINE
+    guessed_years: set[int] = field(default_factory=set)  # years guessed for dates printed without one
+    notice: Optional[str] = None  # journalctl saying it had nothing ("No journal files were found.")
+
+    def count(self, fmt: str) -> None:
+        self.records += 1
+        self.formats[fmt] = self.formats.get(fmt, 0) + 1
+
+    def bad(self, line: str) -> None:
+        self.garbled += 1
+        if self.first_garbled is None:
+            self.first_garbled = line[:200]
+
+    @property
+    def bare(self) -> int:
+        return self.formats.get("bare", 0)
 
 
-def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None) -> Iterator[KmsgRecord]:
-    """Records from a saved log: a raw /dev/kmsg dump, `dmesg` (plain, -r, -x, -T) or `journalctl -k`
-    (short, short-precise, short-iso, short-monotonic). Formats may be mixed line by line. A line that is
-    none of these is skipped; `#EPIPE` markers (written by our capture scripts where records were lost)
-    come out as a record with priority -1 so the caller can count the loss."""
-    year = year or time.gmtime().tm_year
-    pending: Optional[bytearray] = None
-    line_no = 0
-    for raw_line in lines:
-        line_no += 1
-        line = raw_line.rstrip(b"\r\n")
-        if pending is not None and line.startswith(b" "):
-            pending += b"\n" + line
-            continue
-        if pending is not None:
-            yield _raw_or_none(bytes(pending))
-            pending = None
-        if not line:
-            continue
-        if line.startswith(b"#EPIPE"):
-            yield KmsgRecord(priority=LOST_MARKER, seq=None, usec=None, text="#EPIPE")
-            continue
-        if _RAW.match(line):
-            pending = bytearray(line)
-            continue
-        text = line.decode("utf-8", "backslashreplace")
-        m = _DMESG.match(text)
-        if m:
-            if m.group("pri"):
-                priority = int(m.group("pri"))
-            elif m.group("lvl") in _LEVELS:
-                priority = _LEVELS[m.group("lvl")]
-            else:
-                priority = _DEFAULT_PRIORITY
-            usec = int(m.group("secs")) * 1_000_000 + int(m.group("frac").ljust(6, "0")[:6])
-            yield KmsgRecord(priority=priority, seq=None, usec=usec, text=m.group("text"))
-            continue
-        m = _DMESG_T.match(text)
-        if m:
-            wall = calendar.timegm(time.strptime(m.group("wall"), "%a %b %d %H:%M:%S %Y"))
-            yield KmsgRecord(priority=_DEFAULT_PRIORITY, seq=None, usec=None, text=m.group("text"),
-                             wall_time=float(wall))
-            continue
-        m = _JOURNAL.match(text)
-        if m:
-            usec = None
-            if m.group("mono"):
-                secs, _, frac = m.group("mono").partition(".")
-                usec = int(secs) * 1_000_000 + int(frac.ljust(6, "0")[:6])
-            yield KmsgRecord(priority=_DEFAULT_PRIORITY, seq=None, usec=usec, text=m.group("text"),
-                             wall_time=_journal_wall(m, year))
-            continue
-    if pending is not None:
-        yield _raw_or_none(bytes(pending))
+@dataclass(frozen=True)
+class _Clock:
+    """How to turn printed dates into epoch seconds: `tz` None = this machine's local time zone (as journalctl
+    and `dmesg -T` print), `year` for dates printed without one (else guessed: the latest such date not after
+    `now`)."""
+
+    tz: Optional[_dt.tzinfo]
+    year: Optional[int]
+    now: float
+
+    def epoch(self, y: int, mo: int, d: int, hms: str, frac: Optional[str], zone: Optional[_dt.tzinfo] = None
+              ) -> Optional[float]:
+        h, mi, s = int(hms[0:2]), int(hms[3:5]), int(hms[6:8])
+        try:
+            value = _dt.datetime(y, mo, d, h, mi, s)
+            tz = zone or self.tz
+            stamp = value.replace(tzinfo=tz).timestamp() if tz is not None else value.timestamp()
+        except (ValueError, OverflowError, OSError):  # 31 Feb, 25:00, out of range
+            return None
+        return stamp + (int(frac) / 10 ** len(frac) if frac else 0.0)
+
+    def epoch_without_year(self, mo: int, d: int, hms: str, frac: Optional[str], stats: TextLogStats
+                           ) -> Optional[float]:
+        if self.year is not None:
+            return self.epoch(self.year, mo, d, hms, frac)
+        # The latest year in which this date exists and is not in the future (Feb 29 only in leap years).
+        this_year = _dt.datetime.fromtimestamp(self.now, tz=_dt.timezone.utc).year
+        for year in range(this_year, this_year - 8, -1):
+            stamp = self.epoch(year, mo, d, hms, frac)
+            if stamp is not None and stamp <= self.now + 86400:
+                stats.guessed_years.add(year)
+                return stamp
+        return None
 
 
-def _raw_or_none(raw: bytes) -> KmsgRecord:
+def _zone(text: Optional[str]) -> Optional[_dt.tzinfo]:
+    """`Z`, `+0200`, `-05:00` → a fixed offset."""
+    if not text:
+        return None
+    if text == "Z":
+        return _dt.timezone.utc
+    sign = -1 if text[0] == "-" else 1
+    digits = text[1:].replace(":", "")
+    return _dt.timezone(sign * _dt.timedelta(hours=int(digits[:2]), minutes=int(digits[2:4])))
+
+
+def _iso_epoch(m: re.Match, clock: _Clock, prefix: str = "i") -> Optional[float]:
+    date = m.group(f"{prefix}date")
+    y, mo, d = int(date[0:4]), int(date[5:7]), int(date[8:10])
+    if prefix == "f":
+        name = m.group("fzone")
+        zone = _dt.timezone.utc if name in _UTC_NAMES else None  # other abbreviations are ambiguous: local / --tz
+        return clock.epoch(y, mo, d, m.group("ftime"), m.group("ffrac"), zone)
     try:
-        return parse_kmsg_record(raw)
+        zone = _zone(m.group("izone"))
+    except ValueError:
+        return None
+    return clock.epoch(y, mo, d, m.group("itime"), m.group("ifrac"), zone)
+
+
+def _usec(secs: str, frac: str) -> int:
+    return int(secs) * 1_000_000 + int(frac.ljust(6, "0")[:6])
+
+
+def _stamp(m: re.Match, clock: _Clock, stats: TextLogStats) -> tuple[str, Optional[float], Optional[int], bool]:
+    """(format name, wall time, monotonic usec, ok) of the outer wrapper's time stamp."""
+    if m.group("mon"):
+        mon = _MONTHS.get(m.group("mon"))
+        wall = None if mon is None else clock.epoch_without_year(mon, int(m.group("day")), m.group("hms"),
+                                                                  m.group("bfrac"), stats)
+        name = "short-precise" if m.group("bfrac") else "short"
+        return name, wall, None, wall is not None
+    if m.group("iso"):
+        wall = _iso_epoch(m, clock)
+        return ("short-iso-precise" if m.group("ifrac") else "short-iso"), wall, None, wall is not None
+    if m.group("fdate"):
+        wall = _iso_epoch(m, clock, prefix="f")
+        return "short-full", wall, None, wall is not None
+    if m.group("unix"):
+        secs, _, frac = m.group("unix").partition(".")
+        return "short-unix", int(secs) + int(frac) / 10 ** len(frac), None, True
+    secs, _, frac = m.group("mono").partition(".")
+    return "short-monotonic", None, _usec(secs, frac), True
+
+
+def _inner(text: str, clock: _Clock, stats: TextLogStats
+           ) -> tuple[str, int, Optional[int], Optional[float], str, bool]:
+    """The dmesg layer of one line: (format, priority, usec, wall time, text, ok)."""
+    m = _DMESG.match(text)
+    assert m is not None  # every part is optional
+    pri, lvl, secs, human = m.group("pri"), m.group("lvl"), m.group("secs"), m.group("human")
+    if pri is not None:
+        priority, fmt = int(pri), "dmesg -r"
+    elif lvl is not None:
+        if lvl not in _LEVELS:
+            return "bare", _DEFAULT_PRIORITY, None, None, text, True
+        priority, fmt = _LEVELS[lvl], "dmesg -x"
+    else:
+        priority, fmt = _DEFAULT_PRIORITY, "dmesg"
+    usec = wall = None
+    if secs is not None:
+        usec = _usec(secs, m.group("frac"))
+    elif human is not None:
+        mon = _MONTHS.get(m.group("hmon"))
+        wall = None if mon is None else clock.epoch(int(m.group("hyear")), mon, int(m.group("hday")),
+                                                    m.group("hhms"), None)
+        if wall is None:
+            return "dmesg -T", priority, None, None, m.group("text"), False
+        fmt = "dmesg -T"
+    elif pri is None and lvl is None and m.group("caller") is None:
+        return "bare", priority, None, None, text, True
+    return fmt, priority, usec, wall, m.group("text"), True
+
+
+def _json_record(line: str, stats: TextLogStats) -> tuple[str, Optional[KmsgRecord]]:
+    """`journalctl -o json`: one object per line; only the kernel's entries are records."""
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):
+        return "garbled", None
+    if not isinstance(entry, dict):
+        return "garbled", None
+    if entry.get("_TRANSPORT") != "kernel" and entry.get("SYSLOG_IDENTIFIER") != "kernel":
+        return "other", None
+    message = entry.get("MESSAGE")
+    if isinstance(message, list):  # journald stores a message that is not UTF-8 as a byte array
+        try:
+            message = bytes(message[:MAX_LINE]).decode("utf-8", "backslashreplace")
+        except (TypeError, ValueError):
+            return "garbled", None
+    if not isinstance(message, str):
+        return "garbled", None
+
+    def number(key: str, limit: int) -> Optional[int]:
+        value = entry.get(key)
+        if isinstance(value, str) and value.isdigit() and len(value) <= 20 and int(value) <= limit:
+            return int(value)
+        return None
+
+    realtime = number("__REALTIME_TIMESTAMP", 253402300799 * 1_000_000)  # up to year 9999
+    priority = number("PRIORITY", 7)
+    return "journal json", KmsgRecord(
+        priority=_DEFAULT_PRIORITY if priority is None else priority, seq=None,
+        usec=number("_SOURCE_MONOTONIC_TIMESTAMP", MAX_USEC), text=message.rstrip("\n"),
+        wall_time=None if realtime is None else realtime / 1e6)
+
+
+def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str, Optional[KmsgRecord]]:
+    """One line of saved text (already stripped) → (format name, record). The record is None for lines that
+    are not the kernel's: format "other" (another program) or "garbled" (a wrapper that did not read)."""
+    if line.startswith("{"):
+        return _json_record(line, stats)
+    if line.startswith("<"):
+        m5 = _RFC5424.match(line)
+        if m5:
+            if m5.group("app") != "kernel":
+                return "other", None
+            fmt, priority, usec, wall_inner, text, ok = _inner(m5.group("rest").lstrip("\ufeff"), clock, stats)
+            ts = _ISO_ONLY.match(m5.group("ts"))
+            wall = _iso_epoch(ts, clock) if ts else None
+            if not ok or (ts is None and m5.group("ts") != "-") or (ts is not None and wall is None):
+                return "garbled", None
+            return "syslog rfc5424", KmsgRecord(priority=int(m5.group("pri")) & 7 if fmt in ("dmesg", "bare")
+                                                else priority, seq=None, usec=usec, text=text,
+                                                wall_time=wall if wall is not None else wall_inner)
+    m = _KERNEL_LINE.match(line)
+    if m:
+        fmt, wall, usec, ok = _stamp(m, clock, stats)
+        if not ok:
+            return "garbled", None
+        inner_fmt, priority, inner_usec, inner_wall, text, ok = _inner(m.group("rest"), clock, stats)
+        if not ok:
+            return "garbled", None
+        spri = m.group("spri")
+        if spri is not None:
+            fmt = "syslog rfc3164"
+            if inner_fmt in ("dmesg", "bare"):
+                priority = int(spri) & 7
+        elif inner_usec is not None and fmt in ("short", "short-precise", "short-iso", "short-iso-precise"):
+            fmt = "syslog" if fmt == "short" else "syslog " + fmt.replace("short-", "")  # kern.log: `[ts]` inside
+        return ("journal " if fmt.startswith("short") else "") + fmt, KmsgRecord(
+            priority=priority, seq=None, usec=inner_usec if inner_usec is not None else usec, text=text,
+            wall_time=wall if wall is not None else inner_wall)
+    if _OTHER_LINE.match(line):
+        return "other", None
+    m = _DMESG_ISO.match(line)
+    if m and m.group("ifrac") is not None and "," in m.group("iso"):
+        wall = _iso_epoch(m, clock)
+        if wall is None:
+            return "garbled", None
+        return "dmesg iso", KmsgRecord(priority=_DEFAULT_PRIORITY, seq=None, usec=None, text=m.group("text"),
+                                       wall_time=wall)
+    fmt, priority, usec, wall, text, ok = _inner(line, clock, stats)
+    if not ok:
+        return "garbled", None
+    return fmt, KmsgRecord(priority=priority, seq=None, usec=usec, text=text, wall_time=wall)
+
+
+_ISO_ONLY = re.compile(rf"^{_ISO}$")
+
+
+def _bounded_lines(lines: Iterable[bytes], stats: TextLogStats) -> Iterator[bytes]:
+    """Lines of at most MAX_LINE bytes; from a file, an over-long line is skipped to its end without being
+    held in memory."""
+    readline = getattr(lines, "readline", None)
+    if readline is None:
+        for line in lines:
+            if len(line) > MAX_LINE:
+                stats.truncated += 1
+                line = line[:MAX_LINE]
+            yield line
+        return
+    while True:
+        line = readline(MAX_LINE)
+        if not line:
+            return
+        if len(line) == MAX_LINE and not line.endswith(b"\n"):
+            stats.truncated += 1
+            while True:  # drop the rest of this line
+                more = readline(MAX_LINE)
+                if not more or more.endswith(b"\n"):
+                    break
+        yield line
+
+
+def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Optional[_dt.tzinfo] = None,
+                   now: Optional[float] = None, stats: Optional[TextLogStats] = None) -> Iterator[KmsgRecord]:
+    """Records from a saved log in any of the wrappers above; formats may be mixed line by line.
+
+    `tz`: the zone of dates printed without one (default: this machine's, as journalctl and `dmesg -T` print
+    them); `year`: for dates printed without a year (default: guessed, and recorded in `stats`); `stats`
+    collects what was and was not understood. `#EPIPE` markers (written by our capture scripts where records
+    were lost) come out as a record with priority LOST_MARKER, raw records whose prefix is broken as GARBLED.
+    Lines of other programs and journalctl's own notices are skipped (and counted)."""
+    stats = stats if stats is not None else TextLogStats()
+    clock = _Clock(tz=tz, year=year, now=now if now is not None else _dt.datetime.now().timestamp())
+    pending: Optional[bytearray] = None
+    prefixed_indent: Optional[int] = None  # indentation of the last line that had a prefix
+    for raw_line in _bounded_lines(lines, stats):
+        line_bytes = raw_line.rstrip(b"\r\n")
+        if pending is not None:
+            if _RAW_FIELD.match(line_bytes):
+                if len(pending) < MAX_LINE:
+                    pending += b"\n" + line_bytes
+                continue
+            yield _raw_or_garbled(bytes(pending), stats)
+            pending = None
+        body = line_bytes.lstrip(b" \t\x00")
+        if not body.strip():
+            continue
+        stats.lines += 1
+        indent = len(line_bytes) - len(body)
+        if body.startswith(b"#"):
+            if body.startswith(b"#EPIPE"):
+                yield KmsgRecord(priority=LOST_MARKER, seq=None, usec=None, text="#EPIPE")
+            else:
+                stats.comments += 1  # a comment, or a root shell prompt pasted with its output (`# dmesg`)
+            continue
+        if body[:1].isdigit() and _RAW.match(body[:300].decode("latin-1")):
+            pending = bytearray(body)
+            prefixed_indent = indent
+            continue
+        text = body.decode("utf-8", "backslashreplace").rstrip()
+        if text in JOURNAL_NOTICES or (text.startswith("-- ") and text.endswith(" --")):
+            # journalctl's own lines: `-- Boot 4c1f… --`, `-- Logs begin at … --`, `-- No entries --`
+            if text in JOURNAL_NOTICES and stats.notice is None:
+                stats.notice = text
+            continue
+        fmt, record = parse_text_line(text, clock, stats)
+        if fmt == "other":
+            stats.other += 1
+            continue
+        if record is None:
+            stats.bad(text)
+            continue
+        if fmt == "bare" and indent and prefixed_indent is not None and indent > prefixed_indent:
+            stats.continuation += 1  # journalctl indents the further lines of a multi-line record
+            continue
+        if fmt != "bare":
+            prefixed_indent = indent
+        stats.count(fmt)
+        yield record
+    if pending is not None:
+        yield _raw_or_garbled(bytes(pending), stats)
+
+
+def _raw_or_garbled(raw: bytes, stats: TextLogStats) -> KmsgRecord:
+    try:
+        record = parse_kmsg_record(raw)
     except KmsgParseError:
         # A garbled line in a saved dump: keep its text, drop the broken prefix.
+        stats.bad(raw[:200].decode("utf-8", "backslashreplace"))
         return KmsgRecord(priority=GARBLED, seq=None, usec=None, text=unescape(raw.partition(b";")[2]))
+    stats.count("kmsg")
+    return record

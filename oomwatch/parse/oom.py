@@ -1,8 +1,9 @@
-"""The OOM killer's lines (mm/oom_kill.c, mm/memcontrol.c), kernels 4.14 to 6.19, as typed values.
+"""The OOM killer's lines (mm/oom_kill.c, mm/memcontrol.c), kernels 3.10 to 6.19, as typed values.
 
 `parse_oom_line(text)` returns one of the `Oom*` classes of oomwatch.model, or None for every other line.
-Formats (../shared/KERNEL-FACTS.md): 4.14 `Task in … killed as a result of limit of …` and `Kill process … or
-sacrifice child`; 4.19 `Tasks in … memory.oom.group set`; 5.0 the `oom-kill:` summary; 5.1 the kill prefix;
+Formats (docs/kernel-facts.md): 3.10 `Killed process … file-rss:NkB` (no shmem-rss; RHEL 7 adds `, UID U,`),
+`Task in … killed as a result of limit of …` and `Kill process … or sacrifice child` (up to 5.0); 4.19
+`Tasks in … memory.oom.group set` and the `oom-kill:` summary (`constraint=` from 5.0); 5.1 the kill prefix;
 5.4 `UID:… pgtables:… oom_score_adj:…`; 5.10 `OOM victim … already exiting`.
 """
 
@@ -27,29 +28,41 @@ from oomwatch.model import (
 
 _PREFIX = r"(?P<prefix>Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?)"
 
-_INVOKED = re.compile(r"^(?P<comm>.*) invoked oom-killer: gfp_mask=(?P<gfp>\S+?),.*?"
-                      r"order=(?P<order>-?\d+), oom_score_adj=(?P<adj>-?\d+)\s*$")
+# Every variable part is bounded, so no line (a 1 MB comm of `(`, a number of 5,000 digits) costs more than a
+# linear scan: a comm is at most 15 bytes (TASK_COMM_LEN), 60 characters once escaped as `\xNN`; a cgroup path
+# at most PATH_MAX; pids, sizes and scores fit 20 digits. A line outside these bounds is not a kernel line.
+_COMM = r"(?P<comm>.{1,64}?)"
+_NUM = r"\d{1,20}"
+MAX_PATH = 4096
+
+# `<comm> invoked oom-killer: ` then (3.10) `gfp_mask=0xd0, order=0, oom_score_adj=0` or (4.x+)
+# `gfp_mask=0x14000c0(GFP_KERNEL), nodemask=(null),  order=0, oom_score_adj=0`; order=-1 is sysrq's manual OOM.
+_INVOKED_REST = re.compile(r"gfp_mask=(?P<gfp>[^,\s]{1,128}),.{0,512}?\border=(?P<order>-?\d{1,3}), "
+                           r"(?:oom_adj=-?\d{1,5}, )?oom_score_adj=(?P<adj>-?\d{1,5})$", re.S)
 # dump_stack: `CPU: 1 PID: 118 Comm: python3 Not tainted …` (6.10+: `CPU: 1 UID: 0 PID: …`)
-_STACK_TASK = re.compile(r"^CPU: \d+ (?:UID: \d+ )?PID: (?P<pid>\d+) Comm: (?P<comm>.*?) "
-                         r"(?:Not tainted|Tainted:)")
-_USAGE = re.compile(r"^memory: usage (?P<usage>\d+)kB, limit (?P<limit>\d+)kB, failcnt \d+")
-_SUMMARY = re.compile(
-    r"^oom-kill:constraint=CONSTRAINT_(?P<constraint>[A-Z_]+),nodemask=.*?,cpuset=.*?,mems_allowed=.*?,"
-    r"(?:oom_memcg=(?P<oom>.*?)|(?P<global>global_oom)),task_memcg=(?P<task>.*?),"
-    r"task=(?P<comm>.*),pid=(?P<pid>\d+),uid=(?P<uid>\d+)\s*$")
-_TASK_IN_414 = re.compile(r"^Task in (?P<task>.+) killed as a result of limit of (?P<oom>.+?)\s*$")
+_STACK_TASK = re.compile(rf"^CPU: \d{{1,6}} (?:UID: \d{{1,10}} )?PID: (?P<pid>{_NUM}) Comm: {_COMM} "
+                         r"(?:Not tainted|Tainted:)", re.S)
+_USAGE = re.compile(rf"^memory: usage (?P<usage>{_NUM})kB, limit (?P<limit>{_NUM})kB, failcnt \d{{1,20}}")
+# The tail of the `oom-kill:` summary; the head holds nodemask/cpuset/mems_allowed lists that may contain commas,
+# so the cgroups are cut out from the right (see _summary).
+_SUMMARY_TAIL = re.compile(rf",task={_COMM},pid=(?P<pid>{_NUM}),uid=(?P<uid>{_NUM})$", re.S)
+_SUMMARY_HEAD = re.compile(r"^oom-kill:(?:constraint=CONSTRAINT_(?P<constraint>[A-Z_]{1,20}),)?nodemask=")
+# Killed process: 3.10 `Killed process P (comm) total-vm:NkB, anon-rss:NkB, file-rss:NkB`; RHEL 7 adds
+# `, UID U,` after the comm; 4.6+ `, shmem-rss:NkB`; 5.1+ the prefix; 5.4+ `, UID:U pgtables:NkB oom_score_adj:N`.
 _KILLED = re.compile(
-    rf"^(?:{_PREFIX}: )?Killed process (?P<pid>\d+) \((?P<comm>.*)\) total-vm:(?P<vm>\d+)kB, "
-    r"anon-rss:(?P<anon>\d+)kB, file-rss:(?P<file>\d+)kB, shmem-rss:(?P<shmem>\d+)kB"
-    r"(?:,? UID:(?P<uid>\d+) pgtables:(?P<pgt>\d+)kB oom_score_adj:(?P<adj>-?\d+))?")
-_SELECTED = re.compile(rf"^{_PREFIX}: Kill process (?P<pid>\d+) \((?P<comm>.*)\) score (?P<score>-?\d+) "
-                       r"or sacrifice child\s*$")
-_GROUP = re.compile(r"^Tasks in (?P<cg>.+) are going to be killed due to memory\.oom\.group set\s*$")
-_EXITING = re.compile(rf"^{_PREFIX}: OOM victim (?P<pid>\d+) \((?P<comm>.*)\) is already exiting\. "
-                      r"Skip killing the task\s*$")
+    rf"^(?:{_PREFIX}: )?Killed process (?P<pid>{_NUM}) \({_COMM}\)(?:, UID (?P<uid_rhel>{_NUM}),)? "
+    rf"total-vm:(?P<vm>{_NUM})kB, anon-rss:(?P<anon>{_NUM})kB, file-rss:(?P<file>{_NUM})kB"
+    rf"(?:, shmem-rss:(?P<shmem>{_NUM})kB)?"
+    rf"(?:,? UID:(?P<uid>{_NUM})(?: pgtables:(?P<pgt>{_NUM})kB)?(?: oom_score_adj:(?P<adj>-?\d{{1,5}}))?)?", re.S)
+_SELECTED = re.compile(rf"^{_PREFIX}: Kill process (?P<pid>{_NUM}) \({_COMM}\) score (?P<score>-?\d{{1,20}}) "
+                       r"or sacrifice child$", re.S)
+_EXITING = re.compile(rf"^{_PREFIX}: OOM victim (?P<pid>{_NUM}) \({_COMM}\) is already exiting\. "
+                      r"Skip killing the task$", re.S)
+_GROUP_HEAD, _GROUP_TAIL = "Tasks in ", " are going to be killed due to memory.oom.group set"
+_TASK_IN_HEAD, _TASK_IN_MID = "Task in ", " killed as a result of limit of "
 # Only the OOM killer's own ratelimit: other subsystems print the same words.
-_SUPPRESSED = re.compile(r"^(?P<fn>oom_kill_process|dump_header|out_of_memory): (?P<n>\d+) callbacks "
-                         r"suppressed\s*$")
+_SUPPRESSED = re.compile(r"^(?P<fn>oom_kill_process|dump_header|out_of_memory): (?P<n>\d{1,20}) callbacks "
+                         r"suppressed$")
 
 _CONSTRAINTS = {"NONE": "global", "MEMCG": "memcg", "CPUSET": "cpuset", "MEMORY_POLICY": "mempolicy"}
 
@@ -68,21 +81,61 @@ def _kb(value: Optional[str]) -> Optional[int]:
     return None if value is None else int(value) * KIB
 
 
+def _cgroup(path: str) -> Optional[str]:
+    return path if 0 < len(path) <= MAX_PATH else None
+
+
+def _summary(text: str) -> Optional[OomSummary]:
+    """`oom-kill:constraint=C,nodemask=…,cpuset=…,mems_allowed=…,oom_memcg=P|global_oom,task_memcg=P,task=comm,
+    pid=N,uid=N` (4.19 without `constraint=`)."""
+    head = _SUMMARY_HEAD.match(text)
+    tail = _SUMMARY_TAIL.search(text, max(0, len(text) - 130))
+    if not head or not tail:
+        return None
+    body = text[:tail.start()]
+    cut = body.rfind(",task_memcg=")
+    if cut < 0:
+        return None
+    task_cgroup, body = _cgroup(body[cut + len(",task_memcg="):]), body[:cut]
+    if body.endswith(",global_oom"):
+        oom_cgroup: Optional[str] = "/"
+    else:
+        cut = body.rfind(",oom_memcg=")
+        oom_cgroup = _cgroup(body[cut + len(",oom_memcg="):]) if cut >= 0 else None
+    if task_cgroup is None or oom_cgroup is None:
+        return None
+    name = head["constraint"]
+    if name is None:  # 4.19 printed no constraint: a memcg path means a memcg OOM
+        constraint = "global" if oom_cgroup == "/" and body.endswith(",global_oom") else "memcg"
+    else:
+        constraint = _CONSTRAINTS.get(name, name.lower())
+    return OomSummary(constraint=constraint, oom_cgroup=oom_cgroup, task_cgroup=task_cgroup, comm=tail["comm"],
+                      pid=int(tail["pid"]), uid=int(tail["uid"]))
+
+
+def _killed(m: re.Match) -> OomKilled:
+    uid = m["uid"] if m["uid"] is not None else m["uid_rhel"]
+    return OomKilled(
+        pid=int(m["pid"]), comm=m["comm"], oom_kind=oom_kind_of(m["prefix"]),
+        total_vm_bytes=_kb(m["vm"]), anon_rss_bytes=_kb(m["anon"]), file_rss_bytes=_kb(m["file"]),
+        shmem_rss_bytes=_kb(m["shmem"]), uid=None if uid is None else int(uid),
+        pgtables_bytes=_kb(m["pgt"]), oom_score_adj=None if m["adj"] is None else int(m["adj"]))
+
+
 def parse_oom_line(text: str) -> Optional[OomLine]:
     """One kernel log line → an OOM value, or None when the line is not part of an OOM report.
 
     Cheap first-character tests keep the common case (any other kernel line) fast."""
     if not text:
         return None
-    head = text[0]
-    if head in "MO":
+    text = text.rstrip()
+    head = text[:1]
+    if head in ("M", "O", "K"):  # `Killed process` without a prefix: before 5.1
         m = _KILLED.match(text)
         if m:
-            return OomKilled(
-                pid=int(m["pid"]), comm=m["comm"], oom_kind=oom_kind_of(m["prefix"]),
-                total_vm_bytes=_kb(m["vm"]), anon_rss_bytes=_kb(m["anon"]), file_rss_bytes=_kb(m["file"]),
-                shmem_rss_bytes=_kb(m["shmem"]), uid=None if m["uid"] is None else int(m["uid"]),
-                pgtables_bytes=_kb(m["pgt"]), oom_score_adj=None if m["adj"] is None else int(m["adj"]))
+            return _killed(m)
+        if head == "K":
+            return None
         m = _EXITING.match(text)
         if m:
             return OomAlreadyExiting(pid=int(m["pid"]), comm=m["comm"], oom_kind=oom_kind_of(m["prefix"]))
@@ -91,29 +144,17 @@ def parse_oom_line(text: str) -> Optional[OomLine]:
             return OomSelected(pid=int(m["pid"]), comm=m["comm"], score=int(m["score"]),
                                oom_kind=oom_kind_of(m["prefix"]))
         return None
-    if head == "K":  # 4.14 kill line without prefix
-        m = _KILLED.match(text)
-        if m:
-            return OomKilled(
-                pid=int(m["pid"]), comm=m["comm"], oom_kind="unknown", total_vm_bytes=_kb(m["vm"]),
-                anon_rss_bytes=_kb(m["anon"]), file_rss_bytes=_kb(m["file"]), shmem_rss_bytes=_kb(m["shmem"]),
-                uid=None if m["uid"] is None else int(m["uid"]), pgtables_bytes=_kb(m["pgt"]),
-                oom_score_adj=None if m["adj"] is None else int(m["adj"]))
-        return None
     if text.startswith("oom-kill:"):
-        m = _SUMMARY.match(text)
-        if not m:
-            return None
-        constraint = _CONSTRAINTS.get(m["constraint"], m["constraint"].lower())
-        return OomSummary(constraint=constraint, oom_cgroup="/" if m["global"] else m["oom"],
-                          task_cgroup=m["task"], comm=m["comm"], pid=int(m["pid"]), uid=int(m["uid"]))
-    if text.startswith("Tasks in "):
-        m = _GROUP.match(text)
-        return OomGroup(cgroup=m["cg"]) if m else None
-    if text.startswith("Task in "):
-        m = _TASK_IN_414.match(text)
-        if m:
-            return OomSummary(constraint="memcg", oom_cgroup=m["oom"], task_cgroup=m["task"], comm=None,
+        return _summary(text)
+    if text.startswith(_GROUP_HEAD) and text.endswith(_GROUP_TAIL):
+        cgroup = _cgroup(text[len(_GROUP_HEAD):-len(_GROUP_TAIL)])
+        return OomGroup(cgroup=cgroup) if cgroup else None
+    if text.startswith(_TASK_IN_HEAD):
+        # mem_cgroup_print_oom_info up to 5.0: the victim's memcg, and the memcg whose limit was hit
+        task, sep, oom = text[len(_TASK_IN_HEAD):].partition(_TASK_IN_MID)
+        task_cgroup, oom_cgroup = _cgroup(task), _cgroup(oom)
+        if sep and task_cgroup and oom_cgroup:
+            return OomSummary(constraint="memcg", oom_cgroup=oom_cgroup, task_cgroup=task_cgroup, comm=None,
                               pid=None, uid=None)
         return None
     if text.startswith("memory: usage "):
@@ -126,11 +167,11 @@ def parse_oom_line(text: str) -> Optional[OomLine]:
     if text.startswith("CPU: "):
         m = _STACK_TASK.match(text)
         return OomStackTask(pid=int(m["pid"]), comm=m["comm"]) if m else None
-    if " invoked oom-killer: " in text:
-        m = _INVOKED.match(text)
-        if m:
-            return OomInvoked(comm=m["comm"], gfp_mask=m["gfp"], order=int(m["order"]),
-                              oom_score_adj=int(m["adj"]))
+    comm, sep, rest = text.partition(" invoked oom-killer: ")
+    if sep:
+        m = _INVOKED_REST.match(rest)
+        if m and 0 < len(comm) <= 64:
+            return OomInvoked(comm=comm, gfp_mask=m["gfp"], order=int(m["order"]), oom_score_adj=int(m["adj"]))
         return None
     if text.endswith("callbacks suppressed"):
         m = _SUPPRESSED.match(text)
