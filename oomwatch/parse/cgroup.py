@@ -9,41 +9,69 @@ from typing import Optional
 EXPORTED_MEMORY_EVENTS = ("max", "high", "oom", "oom_kill", "oom_group_kill")
 
 
-def parse_flat_keyed(text: str) -> dict[str, int]:
-    """`key value` per line (memory.events, memory.events.local). Lines that are not `key int` are
-    skipped: a newer kernel may add keys, and a file read mid-write may end early."""
+# The kernel prints these files as unsigned 64-bit numbers (page_counter values and event counters are
+# never negative); anything else was not written by it, or not whole, and is unknown, not a number.
+U64_MAX = (1 << 64) - 1
+
+
+def parse_u64(text: str) -> Optional[int]:
+    """One unsigned 64-bit decimal, surrounding whitespace allowed; None for anything else (negative, out of
+    range such as a 400-digit number, empty, garbage). Never raises."""
+    value = text.strip()
+    # isascii: str.isdigit() also accepts digits like "²" that int() refuses; 20 digits hold any u64.
+    if not (value.isascii() and value.isdigit()) or len(value) > 20:
+        return None
+    number = int(value)
+    return number if number <= U64_MAX else None
+
+
+def parse_flat_keyed_counted(text: str) -> tuple[dict[str, int], int]:
+    """`key value` per line (memory.events, memory.events.local) → (values, malformed lines). A line whose
+    value is not a u64 is left out and counted; blank lines are not counted. Unknown keys are kept: a newer
+    kernel may add some."""
     out: dict[str, int] = {}
+    malformed = 0
     for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        try:
-            out[key] = int(value)
-        except ValueError:
+        if not line.strip():
             continue
-    return out
+        key, _, value = line.partition(" ")
+        number = parse_u64(value) if key else None
+        if number is None:
+            malformed += 1
+        else:
+            out[key] = number
+    return out, malformed
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """`key value` per line; malformed lines are skipped (see parse_flat_keyed_counted)."""
+    return parse_flat_keyed_counted(text)[0]
 
 
 def parse_limit(text: str) -> Optional[float]:
-    """memory.max / memory.high: `max` → +Inf, a number → bytes, anything else → None."""
+    """memory.max / memory.high: `max` → +Inf, a u64 → bytes, anything else (including -1, which the kernel
+    never prints) → None: unknown, never a limit."""
     value = text.strip()
     if value == "max":
         return float("inf")
-    try:
-        return float(int(value))
-    except ValueError:
-        return None
+    number = parse_u64(value)
+    return float(number) if number is not None else None
 
 
 def parse_int(text: str) -> Optional[int]:
-    """One-integer files: memory.current, memory.peak, memory.oom.group."""
-    try:
-        return int(text.strip())
-    except ValueError:
-        return None
+    """One-integer files: memory.current, memory.peak (u64 bytes); None when not a u64."""
+    return parse_u64(text)
+
+
+def parse_oom_group(text: str) -> Optional[int]:
+    """memory.oom.group: 0 or 1; None for anything else."""
+    value = text.strip()
+    return int(value) if value in ("0", "1") else None
 
 
 def parse_pids(text: str) -> tuple[int, ...]:
-    """cgroup.procs: one pid per line."""
-    return tuple(int(tok) for tok in text.split() if tok.isdigit())
+    """cgroup.procs: one pid per line; anything that is not a pid (at most 10 digits) is skipped."""
+    return tuple(int(tok) for tok in text.split() if tok.isascii() and tok.isdigit() and len(tok) <= 10)
 
 
 def parse_proc_pid_cgroup(text: str) -> Optional[str]:

@@ -1,25 +1,42 @@
-"""Prometheus custom collector: every metric of CONTRACT, built fresh from current state at each scrape."""
+"""Prometheus metrics: every metric of docs/contract.md, written from current state at each scrape.
+
+The text exposition format (version 0.0.4) is written here directly, byte for byte what prometheus_client's
+`generate_latest` writes for the same families (tests/test_collector.py proves it on the golden trees),
+because that library's generic path cost more than half of a scrape: it re-escapes and sorts every label of
+every series each time. Here a workload's label text is built once, when its label set is first seen, and a
+scrape only formats numbers; the body is produced in chunks so that a scrape of 10,000 containers never holds
+the whole text at once. prometheus_client is imported only by `collect()`, for callers that want a registry.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
-
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 from oomwatch import __version__
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
-from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, Labels, Store
+from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, Labels, Snapshot, Store
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 IDENTITY = ["namespace", "pod", "container", "cgroup"]
+
+# The exposition's media type: the Prometheus text format 0.0.4, what Prometheus, promtool and every
+# exporter speak. OpenMetrics is not offered: a client asking for it gets this, which all of them accept.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Series that `--drop-series` can leave out on large fleets (README "Cardinality").
+DROPPABLE = {
+    "pods": "the pod-level series of Kubernetes pods (container=\"\"): their kills are counted on the "
+            "containers, their memory is the sum of the containers'",
+    "memory-events": "oomwatch_memory_events_total (the kernel's memory.events counters, 5 per workload)",
+}
+
+# Lines per chunk of the body: about 64 KiB of text.
+CHUNK_LINES = 512
 
 
 @dataclass(frozen=True)
@@ -29,90 +46,229 @@ class NodeInfo:
     single_process_oom_kill: str  # true | false | unknown
 
 
-class OomwatchCollector(Collector):
+def escape_label_value(value: str) -> str:
+    """The text format's label-value escaping: backslash, newline and double quote."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def format_value(value: float) -> str:
+    """A sample value as Go (and so prometheus_client's floatToGoString) writes it: `1.0`, `+Inf`,
+    `6.7108864e+07` (Go switches to an exponent beyond 6 integer digits, Python only beyond 16)."""
+    d = float(value)
+    if math.isinf(d):
+        return "+Inf" if d > 0 else "-Inf"
+    if math.isnan(d):
+        return "NaN"
+    s = repr(d)
+    dot = s.find(".")
+    if d > 0 and dot > 6:
+        mantissa = f"{s[0]}.{s[1:dot]}{s[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return s
+
+
+def _header(name: str, help_text: str, kind: str) -> str:
+    escaped = help_text.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n"
+
+
+class _LabelText:
+    """One workload's identity labels as exposition text, in the format's (alphabetical) order: `cgroup`,
+    `container`, then an extra label (`event`, `kind`) falls between them and `namespace`, `pod`; `role`
+    comes last. Built once per label set."""
+
+    __slots__ = ("head", "tail", "both", "seen")
+
+    def __init__(self, labels: Labels) -> None:
+        namespace, pod, container, cgroup = (escape_label_value(v) for v in labels)
+        self.head = f'cgroup="{cgroup}",container="{container}",'
+        self.tail = f'namespace="{namespace}",pod="{pod}"'
+        self.both = self.head + self.tail
+        self.seen = 0
+
+
+class _Lines:
+    """Collects text lines and hands them out as UTF-8 chunks."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def full(self) -> bool:
+        return len(self.parts) >= CHUNK_LINES
+
+    def take(self) -> bytes:
+        chunk = "".join(self.parts).encode("utf-8")
+        self.parts.clear()  # in place: the writer holds a reference to this list
+        return chunk
+
+
+class OomwatchCollector:
     """`live_workloads()` returns (identity labels, CgroupStats) for every live workload cgroup, read now;
-    `node_info()` the node's posture. Neither is cached here: a scrape shows the present."""
+    `node_info()` the node's posture; `cgroup_parse_errors()`, when given, the count of cgroup values read
+    as unknown. Nothing is cached here but label text: a scrape shows the present.
+
+    `metrics(accept)` is what an HTTP server calls: (content type, body chunks). `collect()` yields the
+    same as prometheus_client metric families, for a CollectorRegistry."""
 
     def __init__(self, store: Store, live_workloads: Callable[[], Iterable[tuple[Labels, CgroupStats]]],
-                 node_info: Callable[[], NodeInfo]) -> None:
+                 node_info: Callable[[], NodeInfo], *,
+                 cgroup_parse_errors: Optional[Callable[[], int]] = None, drop: Iterable[str] = ()) -> None:
         self._store = store
         self._live_workloads = live_workloads
         self._node_info = node_info
+        self._cgroup_parse_errors = cgroup_parse_errors
+        self.drop = frozenset(drop)
+        unknown = self.drop - set(DROPPABLE)
+        if unknown:
+            raise ValueError(f"cannot drop {', '.join(sorted(unknown))}: choose from {', '.join(DROPPABLE)}")
+        self._label_text: dict[Labels, _LabelText] = {}
+        self._scrapes = 0
 
-    def collect(self) -> Iterator[Metric]:
+    # --- the exposition ------------------------------------------------------------------------------
+
+    def metrics(self, accept_header: str = "") -> tuple[str, Iterable[bytes]]:
+        """The /metrics response: content type and the body in chunks (produced as they are consumed)."""
+        return CONTENT_TYPE, self._chunks()
+
+    def exposition(self) -> bytes:
+        """The whole body at once (tests, tools)."""
+        return b"".join(self._chunks())
+
+    def _labels(self, labels: Labels) -> _LabelText:
+        text = self._label_text.get(labels)
+        if text is None:
+            text = self._label_text[labels] = _LabelText(labels)
+        text.seen = self._scrapes
+        return text
+
+    def _exported(self, labels: Labels) -> bool:
+        # labels = (namespace, pod, container, cgroup): a pod's own cgroup has a pod and no container.
+        return not ("pods" in self.drop and labels[1] and not labels[2])
+
+    def _chunks(self) -> Iterator[bytes]:
+        self._scrapes += 1
         snap = self._store.snapshot()
-        kills = CounterMetricFamily("oomwatch_oom_kills", "OOM-kill incidents in which this workload lost at "
-                                    "least one process.", labels=IDENTITY + ["kind"])
-        killed = CounterMetricFamily("oomwatch_oom_killed_processes", "Processes killed by the OOM killer, "
-                                     "each pid once; role=collateral are those memory.oom.group took along.",
-                                     labels=IDENTITY + ["role"])
-        last = GaugeMetricFamily("oomwatch_last_oom_kill_timestamp_seconds", "Time of the last OOM-kill "
-                                 "incident of this workload.", labels=IDENTITY)
-        for labels, counters in sorted(snap.workloads.items()):
+        out = _Lines()
+        parts = out.parts
+        fmt = format_value
+
+        workloads = sorted((labels, counters) for labels, counters in snap.workloads.items()
+                           if self._exported(labels))
+        texts = [self._labels(labels) for labels, _ in workloads]
+        parts.append(_header("oomwatch_oom_kills_total", "OOM-kill incidents in which this workload lost at "
+                             "least one process.", "counter"))
+        for text, (_, counters) in zip(texts, workloads):
             for kind in KINDS:
-                kills.add_metric([*labels, kind], counters.kills[kind])
+                parts.append(f'oomwatch_oom_kills_total{{{text.head}kind="{kind}",{text.tail}}} '
+                             f'{fmt(counters.kills[kind])}\n')
+            if out.full():
+                yield out.take()
+        parts.append(_header("oomwatch_oom_killed_processes_total", "Processes killed by the OOM killer, "
+                             "each pid once; role=collateral are those memory.oom.group took along.",
+                             "counter"))
+        for text, (_, counters) in zip(texts, workloads):
             for role in ROLES:
-                killed.add_metric([*labels, role], counters.killed[role])
+                parts.append(f'oomwatch_oom_killed_processes_total{{{text.both},role="{role}"}} '
+                             f'{fmt(counters.killed[role])}\n')
+            if out.full():
+                yield out.take()
+        parts.append(_header("oomwatch_last_oom_kill_timestamp_seconds", "Time of the last OOM-kill incident "
+                             "of this workload.", "gauge"))
+        for text, (_, counters) in zip(texts, workloads):
             if counters.last_kill is not None:
-                last.add_metric(list(labels), counters.last_kill)
-        yield kills
-        yield killed
-        yield last
+                parts.append(f"oomwatch_last_oom_kill_timestamp_seconds{{{text.both}}} "
+                             f"{fmt(counters.last_kill)}\n")
+        del workloads, texts
 
-        oom_group = GaugeMetricFamily("oomwatch_memory_oom_group", "Current memory.oom.group of the "
-                                      "workload cgroup (1: an OOM kill takes every process).", labels=IDENTITY)
-        limit = GaugeMetricFamily("oomwatch_memory_limit_bytes", "memory.max of the workload cgroup "
-                                  "(+Inf when unlimited).", labels=IDENTITY)
-        usage = GaugeMetricFamily("oomwatch_memory_usage_bytes", "memory.current of the workload cgroup.",
-                                  labels=IDENTITY)
-        peak = GaugeMetricFamily("oomwatch_memory_peak_bytes", "memory.peak of the workload cgroup (kernel "
-                                 "5.19+).", labels=IDENTITY)
-        events = CounterMetricFamily("oomwatch_memory_events", "The kernel's own memory.events counters of "
-                                     "the workload cgroup (hierarchical).", labels=IDENTITY + ["event"])
-        for labels, stats in sorted(self._live_workloads(), key=lambda item: item[0]):
-            if stats.oom_group is not None:
-                oom_group.add_metric(list(labels), stats.oom_group)
-            if stats.limit_bytes is not None:
-                limit.add_metric(list(labels), stats.limit_bytes)
-            if stats.usage_bytes is not None:
-                usage.add_metric(list(labels), stats.usage_bytes)
-            if stats.peak_bytes is not None:
-                peak.add_metric(list(labels), stats.peak_bytes)
-            if stats.events is not None:
-                for name in EXPORTED_MEMORY_EVENTS:
-                    if name in stats.events:
-                        events.add_metric([*labels, name], stats.events[name])
-        yield oom_group
-        yield limit
-        yield usage
-        yield peak
-        yield events
+        live = sorted(((labels, stats) for labels, stats in self._live_workloads() if self._exported(labels)),
+                      key=lambda item: item[0])
+        texts = [self._labels(labels) for labels, _ in live]
+        for name, help_text, attr in (
+            ("oomwatch_memory_oom_group", "Current memory.oom.group of the workload cgroup (1: an OOM kill "
+             "takes every process).", "oom_group"),
+            ("oomwatch_memory_limit_bytes", "memory.max of the workload cgroup (+Inf when unlimited).",
+             "limit_bytes"),
+            ("oomwatch_memory_usage_bytes", "memory.current of the workload cgroup.", "usage_bytes"),
+            ("oomwatch_memory_peak_bytes", "memory.peak of the workload cgroup (kernel 5.19+).",
+             "peak_bytes"),
+        ):
+            parts.append(_header(name, help_text, "gauge"))
+            for text, (_, stats) in zip(texts, live):
+                value = getattr(stats, attr)
+                if value is not None:
+                    parts.append(f"{name}{{{text.both}}} {fmt(value)}\n")
+                if out.full():
+                    yield out.take()
+        if "memory-events" not in self.drop:
+            parts.append(_header("oomwatch_memory_events_total", "The kernel's own memory.events counters of "
+                                 "the workload cgroup (hierarchical).", "counter"))
+            for text, (_, stats) in zip(texts, live):
+                events = stats.events
+                if events is not None:
+                    for event in EXPORTED_MEMORY_EVENTS:
+                        if event in events:
+                            parts.append(f'oomwatch_memory_events_total{{{text.head}event="{event}",'
+                                         f'{text.tail}}} {fmt(events[event])}\n')
+                if out.full():
+                    yield out.take()
+        del live, texts
+        self._forget_label_text()
 
-        node = CounterMetricFamily("oomwatch_node_oom_kills", "OOM-kill incidents on this node.",
-                                   labels=["kind", "scope"])
-        for (kind, scope), n in sorted(snap.node_kills.items()):
-            node.add_metric([kind, scope], n)
-        yield node
+        parts.extend(self._node_lines(snap))
+        yield out.take()
+
+    def _forget_label_text(self) -> None:
+        """Drop the label text of workloads this scrape did not show (gone past their grace period)."""
+        current = self._scrapes
+        if any(text.seen != current for text in self._label_text.values()):
+            self._label_text = {k: v for k, v in self._label_text.items() if v.seen == current}
+
+    def _node_lines(self, snap: Snapshot) -> list[str]:
+        fmt = format_value
+        lines = [_header("oomwatch_node_oom_kills_total", "OOM-kill incidents on this node.", "counter")]
+        lines += [f'oomwatch_node_oom_kills_total{{kind="{kind}",scope="{scope}"}} {fmt(n)}\n'
+                  for (kind, scope), n in sorted(snap.node_kills.items())]
         info = self._node_info()
-        node_info = GaugeMetricFamily("oomwatch_node_info", "The node's OOM posture.",
-                                      labels=["kernel", "cgroup_version", "single_process_oom_kill"])
-        node_info.add_metric([info.kernel, info.cgroup_version, info.single_process_oom_kill], 1)
-        yield node_info
-
-        yield CounterMetricFamily("oomwatch_kmsg_records", "Kernel log records read.", value=snap.kmsg_records)
-        yield CounterMetricFamily("oomwatch_kmsg_lost_records", "Kernel log records overwritten before "
-                                  "oomwatch could read them.", value=snap.kmsg_lost)
-        yield CounterMetricFamily("oomwatch_kmsg_parse_errors", "Kernel log records that looked like OOM "
-                                  "reports but did not parse.", value=snap.kmsg_parse_errors)
+        lines.append(_header("oomwatch_node_info", "The node's OOM posture.", "gauge"))
+        lines.append(f'oomwatch_node_info{{cgroup_version="{escape_label_value(info.cgroup_version)}",'
+                     f'kernel="{escape_label_value(info.kernel)}",'
+                     f'single_process_oom_kill="{escape_label_value(info.single_process_oom_kill)}"}} 1.0\n')
+        counters = [
+            ("oomwatch_kmsg_records_total", "Kernel log records read.", snap.kmsg_records),
+            ("oomwatch_kmsg_lost_records_total", "Kernel log records overwritten before oomwatch could read "
+             "them.", snap.kmsg_lost),
+            ("oomwatch_kmsg_parse_errors_total", "Kernel log records that looked like OOM reports but did "
+             "not parse.", snap.kmsg_parse_errors),
+        ]
+        if self._cgroup_parse_errors is not None:
+            counters.append(("oomwatch_cgroup_parse_errors_total", "cgroup file values the kernel would not "
+                             "print (negative, out of range, garbage), read as unknown.",
+                             self._cgroup_parse_errors()))
+        for name, help_text, value in counters:
+            lines.append(_header(name, help_text, "counter"))
+            lines.append(f"{name} {fmt(value)}\n")
+        lines.append(_header("oomwatch_detection_latency_seconds", "Time from the kernel's kill to the "
+                             "incident being published.", "histogram"))
         # The store keeps cumulative (`le`) counts, as the exposition wants them.
-        buckets = [(_le(bound), n) for bound, n in zip(LATENCY_BUCKETS, snap.latency_buckets)]
-        buckets.append(("+Inf", snap.latency_count))
-        yield HistogramMetricFamily("oomwatch_detection_latency_seconds", "Time from the kernel's kill to "
-                                    "the incident being published.", buckets=buckets,
-                                    sum_value=snap.latency_sum)
-        build = GaugeMetricFamily("oomwatch_build_info", "oomwatch version.", labels=["version"])
-        build.add_metric([__version__], 1)
-        yield build
+        for bound, n in zip(LATENCY_BUCKETS, snap.latency_buckets):
+            lines.append(f'oomwatch_detection_latency_seconds_bucket{{le="{_le(bound)}"}} {fmt(n)}\n')
+        lines.append(f'oomwatch_detection_latency_seconds_bucket{{le="+Inf"}} {fmt(snap.latency_count)}\n')
+        lines.append(f"oomwatch_detection_latency_seconds_count {fmt(snap.latency_count)}\n")
+        lines.append(f"oomwatch_detection_latency_seconds_sum {fmt(snap.latency_sum)}\n")
+        lines.append(_header("oomwatch_build_info", "oomwatch version.", "gauge"))
+        lines.append(f'oomwatch_build_info{{version="{escape_label_value(__version__)}"}} 1.0\n')
+        return lines
+
+    # --- prometheus_client --------------------------------------------------------------------------
+
+    def collect(self) -> Iterator["Metric"]:
+        """The same metrics as prometheus_client families (a CollectorRegistry calls this): the exposition
+        read back by prometheus_client's own parser, so both can never disagree."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        yield from text_string_to_metric_families(self.exposition().decode("utf-8"))
 
 
 def _le(bound: float) -> str:

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Iterator, Optional
+import threading
+from typing import Any, Callable, Iterator, Optional
 
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import (
-    parse_flat_keyed,
+    parse_flat_keyed_counted,
     parse_int,
     parse_limit,
     parse_mounts_cgroup_version,
+    parse_oom_group,
     parse_pids,
     parse_proc_pid_cgroup,
     parse_proc_stat_exiting,
@@ -46,13 +48,54 @@ def cat(path: str) -> Optional[str]:
 
 
 class CgroupFS:
-    """Reads one cgroup v2 hierarchy mounted at `root`. Paths are relative ("/a/b"), as the kernel prints."""
+    """Reads one cgroup v2 hierarchy mounted at `root`. Paths are relative ("/a/b"), as the kernel prints.
+
+    A value the kernel would never print (negative, out of u64 range, garbage: someone else's file, or a
+    fixture gone wrong) is read as unknown (None) and counted in `parse_errors`
+    (`oomwatch_cgroup_parse_errors_total`); it never raises."""
 
     def __init__(self, root: str = "/sys/fs/cgroup") -> None:
         self.root = root.rstrip("/") or "/"
+        self._parse_errors = 0
+        self._parse_errors_lock = threading.Lock()  # readers run on the watcher and the HTTP threads
+        self._reported: set[str] = set()
 
     def abspath(self, path: str) -> str:
         return self.root if path in ("", "/") else self.root + path
+
+    @property
+    def parse_errors(self) -> int:
+        """cgroup file values read as unknown because they were not what the kernel prints."""
+        return self._parse_errors
+
+    def count_parse_error(self, file: str, text: str, count: int = 1) -> None:
+        with self._parse_errors_lock:
+            self._parse_errors += count
+            first = file not in self._reported and len(self._reported) < 1000
+            if first:
+                self._reported.add(file)
+        # Once per file: a hostile file is re-read at every scrape and must not flood the log.
+        (log.warning if first else log.debug)("%s: %r is not a value the kernel prints; read as unknown",
+                                              file, text[:80])
+
+    def parsed(self, file: str, text: Optional[str], parse: Callable[[str], Any]) -> Any:
+        """`parse(text)` of a one-value file; None when the file is absent or its value malformed
+        (counted)."""
+        if text is None:
+            return None
+        value = parse(text)
+        if value is None:
+            self.count_parse_error(file, text)
+        return value
+
+    def parsed_events(self, file: str, text: Optional[str]) -> Optional[dict[str, int]]:
+        """memory.events(.local) as a dict, malformed lines left out and counted; None when absent."""
+        if text is None:
+            return None
+        values, malformed = parse_flat_keyed_counted(text)
+        if malformed:
+            self.count_parse_error(file, text, malformed)
+        return values
 
     def walk(self) -> Iterator[str]:
         """Every cgroup below the root, parents before children."""
@@ -70,14 +113,13 @@ class CgroupFS:
 
     def read_events(self, path: str) -> tuple[Optional[dict[str, int]], Optional[dict[str, int]]]:
         base = self.abspath(path)
-        events = cat(f"{base}/memory.events")
-        local = cat(f"{base}/memory.events.local")
-        return (parse_flat_keyed(events) if events is not None else None,
-                parse_flat_keyed(local) if local is not None else None)
+        return (self.parsed_events(f"{base}/memory.events", cat(f"{base}/memory.events")),
+                self.parsed_events(f"{base}/memory.events.local", cat(f"{base}/memory.events.local")))
 
-    def read_stats(self, path: str, with_pids: bool = False, with_local: bool = True) -> Optional[CgroupStats]:
-        """One cgroup's memory files; None when the cgroup is gone. A scrape reads only what it exports
-        (no `.local`, no pids): on a node with thousands of cgroups every open counts."""
+    def read_stats(self, path: str, with_pids: bool = False,
+                   with_local: bool = True) -> Optional[CgroupStats]:
+        """One cgroup's memory files; None when the cgroup is gone. A scrape reads through
+        sources.statcache.StatCache instead (cached and held-open reads)."""
         base = self.abspath(path)
         events_text = cat(f"{base}/memory.events")
         limit = cat(f"{base}/memory.max")
@@ -85,26 +127,40 @@ class CgroupFS:
         if events_text is None and limit is None and current is None and not os.path.isdir(base):
             return None
         local = cat(f"{base}/memory.events.local") if with_local else None
-        oom_group = cat(f"{base}/memory.oom.group")
-        peak = cat(f"{base}/memory.peak")
         pids: tuple[int, ...] = ()
         if with_pids:
             procs = cat(f"{base}/cgroup.procs")
             pids = parse_pids(procs) if procs is not None else ()
         return CgroupStats(
             path=path,
-            oom_group=parse_int(oom_group) if oom_group is not None else None,
-            events=parse_flat_keyed(events_text) if events_text is not None else None,
-            events_local=parse_flat_keyed(local) if local is not None else None,
-            limit_bytes=parse_limit(limit) if limit is not None else None,
-            usage_bytes=parse_int(current) if current is not None else None,
-            peak_bytes=parse_int(peak) if peak is not None else None,
+            oom_group=self.parsed(f"{base}/memory.oom.group", cat(f"{base}/memory.oom.group"),
+                                  parse_oom_group),
+            events=self.parsed_events(f"{base}/memory.events", events_text),
+            events_local=self.parsed_events(f"{base}/memory.events.local", local),
+            limit_bytes=self.parsed(f"{base}/memory.max", limit, parse_limit),
+            usage_bytes=self.parsed(f"{base}/memory.current", current, parse_int),
+            peak_bytes=self.parsed(f"{base}/memory.peak", cat(f"{base}/memory.peak"), parse_int),
             pids=pids,
         )
 
     def read_pids(self, path: str) -> tuple[int, ...]:
         procs = cat(f"{self.abspath(path)}/cgroup.procs")
         return parse_pids(procs) if procs is not None else ()
+
+    def read_oom_group(self, path: str) -> Optional[int]:
+        file = f"{self.abspath(path)}/memory.oom.group"
+        return self.parsed(file, cat(file), parse_oom_group)
+
+    def read_local_events(self, path: str) -> tuple[Optional[int], Optional[dict[str, int]]]:
+        """(inode of the cgroup directory, memory.events.local); (None, None) when the cgroup is gone. The
+        inode tells a cgroup made again under the same path (a restarted systemd unit) from the old one."""
+        base = self.abspath(path)
+        try:
+            ino = os.stat(base).st_ino
+        except OSError:
+            return None, None
+        file = f"{base}/memory.events.local"
+        return ino, self.parsed_events(file, cat(file))
 
     def memory_event_fields(self) -> tuple[str, ...]:
         """Which memory.events keys this kernel has (`oom_group_kill` needs 5.17): read from the first
