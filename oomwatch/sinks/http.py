@@ -1,21 +1,28 @@
-"""HTTP: `/metrics` (Prometheus text), `/healthz`, `/incidents` (JSON array, newest last)."""
+"""HTTP: `/metrics` (Prometheus text, or OpenMetrics when asked), `/healthz`, `/incidents` (JSON array, newest
+last), served by the bounded single-thread server in httpserver.py, with the optional TLS and auth of
+webconfig.py on every route but `/healthz` (the kubelet's probes carry no credentials)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+import ssl
+from typing import Any, Callable, Iterable, Optional, Union
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from oomwatch.sinks.httpserver import DEFAULT_LIMITS, HttpServer, Limits, Request, Response, Scrape
+from oomwatch.sinks.webconfig import BasicAuth, WebSettings, san_allowed
 from oomwatch.store import Store
 
 log = logging.getLogger(__name__)
 
 Health = Callable[[], tuple[bool, dict[str, Any]]]
+# The Accept header → (content type, body chunks). Called, and its chunks iterated, on the scrape thread.
+MetricsBody = Callable[[str], tuple[str, Iterable[bytes]]]
+
+_TEXT = "text/plain; charset=utf-8"
+_JSON = "application/json"
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -27,56 +34,82 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def metrics_from_registry(registry: CollectorRegistry) -> MetricsBody:
+    """A MetricsBody over prometheus_client's own exposition, with its content negotiation (OpenMetrics when
+    the scraper offers it, else the text format)."""
+    from prometheus_client.exposition import choose_encoder
+
+    def body(accept: str) -> tuple[str, Iterable[bytes]]:
+        encoder, content_type = choose_encoder(accept)
+        return content_type, (encoder(registry),)
+
+    return body
+
+
 class HttpSink:
-    def __init__(self, listen: str, registry: CollectorRegistry, store: Store, health: Health) -> None:
-        host, port = parse_listen(listen)
-        self._registry, self._store, self._health = registry, store, health
-        sink = self
+    """The agent's port.
 
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "oomwatch"
+    HttpSink(listen, metrics, store, health, *, web=None, tls=None, limits=Limits())
+      listen   "HOST:PORT" (parse_listen); bound here, so a taken port fails construction with OSError
+      metrics  a MetricsBody, or a CollectorRegistry (wrapped by metrics_from_registry)
+      store    Store: /incidents serves store.snapshot().incidents
+      health   () → (ok, detail): /healthz answers 200 or 503 with the detail as JSON
+      web      WebSettings from webconfig.load_web_config: basic auth users, client-certificate rule, headers
+      tls      the SSLContext load_web_config returned with it (None: plain HTTP)
+      limits   timeouts and caps (httpserver.Limits)
+    """
 
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                path = self.path.split("?", 1)[0]
-                try:
-                    if path == "/metrics":
-                        self._send(200, CONTENT_TYPE_LATEST, generate_latest(sink._registry))
-                    elif path == "/healthz":
-                        ok, detail = sink._health()
-                        self._send(200 if ok else 503, "application/json", json.dumps(detail).encode() + b"\n")
-                    elif path == "/incidents":
-                        body = json.dumps(list(sink._store.snapshot().incidents)).encode() + b"\n"
-                        self._send(200, "application/json", body)
-                    elif path == "/":
-                        self._send(200, "text/plain; charset=utf-8",
-                                   b"oomwatch: /metrics /healthz /incidents\n")
-                    else:
-                        self._send(404, "text/plain; charset=utf-8", b"not found\n")
-                except BrokenPipeError:
-                    pass
+    metrics_from_registry = staticmethod(metrics_from_registry)
 
-            def _send(self, code: int, ctype: str, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.debug("http: " + fmt, *args)
-
-        ThreadingHTTPServer.allow_reuse_address = True
-        self.server = ThreadingHTTPServer((host, port), Handler)
-        self.server.daemon_threads = True
-        self._thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
+    def __init__(self, listen: str, metrics: Union[MetricsBody, CollectorRegistry], store: Store, health: Health,
+                 *, web: Optional[WebSettings] = None, tls: Optional[ssl.SSLContext] = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
+        if isinstance(metrics, CollectorRegistry):
+            metrics = metrics_from_registry(metrics)
+        self._store, self._health = store, health
+        self._web = web or WebSettings()
+        self._basic = BasicAuth(self._web.basic_auth_users) if self._web.basic_auth_users else None
+        if self._web.require_client_cert and tls is None:
+            raise ValueError("client certificates need a TLS context")
+        self.server = HttpServer(parse_listen(listen), self._route, metrics, limits=limits, tls=tls)
 
     @property
     def address(self) -> tuple[str, int]:
-        return self.server.server_address[:2]
+        return self.server.address
 
     def start(self) -> None:
-        self._thread.start()
+        self.server.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.server.stop()
+
+    def _route(self, request: Request) -> Union[Response, Scrape]:
+        extra = self._web.headers
+        if request.path == "/healthz":
+            ok, detail = self._health()
+            return Response(200 if ok else 503, _JSON, json.dumps(detail).encode() + b"\n", extra)
+        denied = self._authorize(request)
+        if denied is not None:
+            return denied
+        if request.path == "/metrics":
+            return Scrape(request.headers.get("accept", ""), extra)
+        if request.path == "/incidents":
+            return Response(200, _JSON, json.dumps(list(self._store.snapshot().incidents)).encode() + b"\n", extra)
+        if request.path == "/":
+            return Response(200, _TEXT, b"oomwatch: /metrics /healthz /incidents\n", extra)
+        return Response(404, _TEXT, b"not found\n", extra)
+
+    def _authorize(self, request: Request) -> Optional[Response]:
+        tls = self._web.tls
+        if self._web.require_client_cert and not san_allowed(request.peer_cert, tls.client_allowed_sans):
+            return Response(403, _TEXT, b"a client certificate signed by client_ca_file is required\n",
+                            self._web.headers)
+        if self._basic is not None:
+            outcome = self._basic.check(request.headers.get("authorization"))
+            if outcome == "busy":
+                return Response(429, _TEXT, b"too many new credentials; retry\n",
+                                (("Retry-After", "1"),) + self._web.headers)
+            if outcome != "ok":
+                return Response(401, _TEXT, b"unauthorized\n",
+                                (("WWW-Authenticate", 'Basic realm="oomwatch"'),) + self._web.headers)
+        return None

@@ -1,0 +1,359 @@
+"""The agent's HTTP server against the clients of issue 11: slow headers, huge headers, half-sent requests,
+thousands of idle connections, clients that never read. Small limits keep each test under a few seconds; the
+same attacks against the real agent, with RSS and latency figures, are in benchmarks/http_attacks.py."""
+
+from __future__ import annotations
+
+import http.client
+import resource
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from oomwatch.sinks.http import HttpSink
+from oomwatch.sinks.httpserver import HeadError, Limits, parse_head
+from tests.conftest import wait_for
+
+LIMITS = Limits(max_connections=64, header_timeout=0.5, idle_timeout=0.5, write_timeout=2.0)
+BODY = b"# TYPE x gauge\nx 1.0\n"
+
+
+class Metrics:
+    """A MetricsBody that counts its scrapes and can be made slow, blocked or failing."""
+
+    def __init__(self, seconds: float = 0.0, body: bytes = BODY, chunks: int = 1) -> None:
+        self.seconds, self.body, self.chunks = seconds, body, chunks
+        self.calls = 0
+        self.chunks_made = 0
+        self.release = threading.Event()
+        self.release.set()
+        self.fail = False
+
+    def __call__(self, accept: str):
+        self.calls += 1
+
+        def chunks():
+            self.release.wait()
+            time.sleep(self.seconds)
+            if self.fail:
+                raise RuntimeError("scrape broke")
+            for _ in range(self.chunks):
+                self.chunks_made += 1
+                yield self.body
+                time.sleep(self.seconds / self.chunks)
+
+        return "text/plain; version=0.0.4; charset=utf-8", chunks()
+
+
+class Store:
+    def snapshot(self):
+        class Snapshot:
+            incidents = ({"kind": "group"},)
+
+        return Snapshot()
+
+
+@contextmanager
+def serving(metrics: Metrics, limits: Limits = LIMITS, **kwargs) -> Iterator[HttpSink]:
+    sink = HttpSink("127.0.0.1:0", metrics, Store(), lambda: (True, {"kmsg": "ok"}), limits=limits, **kwargs)
+    sink.start()
+    try:
+        yield sink
+    finally:
+        sink.stop()
+
+
+def get(sink: HttpSink, path: str = "/metrics", timeout: float = 5.0) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection(*sink.address, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def connect(sink: HttpSink) -> socket.socket:
+    return socket.create_connection(sink.address, timeout=5)
+
+
+def closed_by_server(sock: socket.socket, timeout: float = 3.0) -> bytes:
+    """Everything the server sent until it closed the connection (fails the test if it never does)."""
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def voluntary_switches(native_id: int) -> int:
+    for line in Path(f"/proc/self/task/{native_id}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+def test_slow_header_clients_are_cut_off_while_a_scrape_is_served() -> None:
+    metrics = Metrics()
+    with serving(metrics) as sink:
+        slow = [connect(sink) for _ in range(40)]
+        for sock in slow:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+        for _ in range(3):  # a header line every 0.1 s: never finishes within header_timeout
+            time.sleep(0.1)
+            for sock in slow:
+                sock.sendall(b"X-Slow: 1\r\n")
+        assert get(sink) == (200, BODY)
+        for sock in slow:
+            assert closed_by_server(sock) == b""
+            sock.close()
+        assert wait_for(lambda: sink.server.connections == 0, timeout=2)
+        assert metrics.calls == 1  # only the normal scrape's
+
+
+def test_huge_header_lines_without_the_blank_line_get_431_and_cost_no_scrape() -> None:
+    metrics = Metrics()
+    with serving(metrics) as sink:
+        socks = [connect(sink) for _ in range(20)]
+        line = b"X-Big: " + b"a" * 65_000 + b"\r\n"
+
+        def attack(sock: socket.socket) -> None:
+            try:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\n" + line * 99)
+            except OSError:
+                pass  # the server stopped reading and closed: what we want
+
+        threads = [threading.Thread(target=attack, args=(s,)) for s in socks]
+        for t in threads:
+            t.start()
+        for sock in socks:
+            assert closed_by_server(sock).startswith(b"HTTP/1.1 431 ")
+        for t in threads:
+            t.join(timeout=5)
+        assert get(sink) == (200, BODY)
+        assert metrics.calls == 1
+
+
+def test_many_headers_are_refused() -> None:
+    with serving(Metrics()) as sink:
+        sock = connect(sink)
+        sock.sendall(b"GET / HTTP/1.1\r\n" + b"X-A: 1\r\n" * 100 + b"\r\n")
+        assert closed_by_server(sock).startswith(b"HTTP/1.1 431 ")
+
+
+def test_half_sent_and_abandoned_requests_do_not_each_cost_a_scrape() -> None:
+    metrics = Metrics(seconds=0.2)
+    with serving(metrics) as sink:
+        for _ in range(300):  # request line and headers, never the blank line
+            sock = connect(sink)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            sock.close()
+        for _ in range(200):  # complete requests whose clients leave at once
+            sock = connect(sink)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            sock.close()
+        assert wait_for(lambda: sink.server.connections == 0, timeout=3)
+        assert metrics.calls <= 4, metrics.calls
+        assert get(sink) == (200, BODY)
+
+
+def test_two_thousand_idle_connections_keep_threads_bounded_and_are_closed_after_the_timeout() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4500:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4500), hard))
+    limits = Limits(max_connections=256, header_timeout=1.0, idle_timeout=1.0)
+    threads_before = threading.active_count()
+    with serving(Metrics(), limits) as sink:
+        assert threading.active_count() == threads_before + 2  # the loop and the scrape worker
+        idle = [connect(sink) for _ in range(2000)]
+        assert threading.active_count() == threads_before + 2
+        assert sink.server.connections <= 256
+        assert get(sink) == (200, BODY)  # replaces the longest-waiting idle connection
+        assert wait_for(lambda: sink.server.connections == 0, timeout=3)
+        for sock in idle[-50:]:
+            assert closed_by_server(sock) == b""
+        for sock in idle:
+            sock.close()
+
+
+def test_excess_connections_are_refused_at_once_when_none_is_idle() -> None:
+    metrics = Metrics()
+    metrics.release.clear()  # the scrape blocks: its four clients are busy, not idle
+    with serving(metrics, Limits(max_connections=4, header_timeout=2, write_timeout=5)) as sink:
+        busy = [connect(sink) for _ in range(4)]
+        for sock in busy:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert wait_for(lambda: metrics.calls == 1)
+        time.sleep(0.1)
+        extra = connect(sink)
+        started = time.monotonic()
+        assert closed_by_server(extra).startswith(b"HTTP/1.1 503 ")
+        assert time.monotonic() - started < 1.0
+        metrics.release.set()
+        for sock in busy:
+            sock.settimeout(5)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            sock.close()
+        assert metrics.calls == 1  # the four shared one scrape
+
+
+def test_concurrent_scrapes_share_one() -> None:
+    metrics = Metrics(seconds=0.3)
+    with serving(metrics) as sink:
+        results: list[tuple[int, bytes]] = []
+        threads = [threading.Thread(target=lambda: results.append(get(sink))) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=10)
+        assert results == [(200, BODY)] * 20
+        assert metrics.calls <= 2  # a request arriving after the first scrape ended starts a second
+
+
+def test_keep_alive_serves_many_requests_on_one_connection() -> None:
+    metrics = Metrics(body=b"x 1\n" * 1000, chunks=3)
+    with serving(metrics, Limits(idle_timeout=30)) as sink:
+        conn = http.client.HTTPConnection(*sink.address, timeout=5)
+        for path in ("/metrics", "/healthz", "/incidents", "/metrics", "/"):
+            conn.request("GET", path)
+            response = conn.getresponse()
+            body = response.read()
+            assert response.status == 200
+            assert not response.will_close
+        assert body == b"oomwatch: /metrics /healthz /incidents\n"
+        assert sink.server.connections == 1
+        conn.close()
+
+
+def test_streamed_body_is_chunked_and_complete() -> None:
+    metrics = Metrics(seconds=0.2, body=b"y 2\n" * 5000, chunks=4)
+    with serving(metrics) as sink:
+        conn = http.client.HTTPConnection(*sink.address, timeout=5)
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        assert response.getheader("Transfer-Encoding") == "chunked"
+        assert response.read() == b"y 2\n" * 20000
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    with serving(Metrics()) as sink:
+        sock = connect(sink)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\nHost: x\r\n"
+                     b"Connection: close\r\n\r\n")
+        data = closed_by_server(sock)
+        assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"{\"kmsg\": \"ok\"}\nHTTP/1.1 404 Not Found\r\n" in data
+
+
+def test_request_bodies_and_other_methods_are_refused() -> None:
+    with serving(Metrics()) as sink:
+        sock = connect(sink)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello")
+        assert closed_by_server(sock).startswith(b"HTTP/1.1 400 ")
+        sock = connect(sink)
+        sock.sendall(b"POST /metrics HTTP/1.1\r\n\r\n")
+        assert closed_by_server(sock).startswith(b"HTTP/1.1 405 ")
+        sock = connect(sink)
+        sock.sendall(b"GET / HTTP/2.0\r\n\r\n")
+        assert closed_by_server(sock).startswith(b"HTTP/1.1 505 ")
+
+
+def test_a_failing_scrape_answers_500_and_the_next_one_works() -> None:
+    metrics = Metrics()
+    metrics.fail = True
+    with serving(metrics) as sink:
+        assert get(sink)[0] == 500
+        metrics.fail = False
+        assert get(sink) == (200, BODY)
+
+
+def test_a_client_that_never_reads_is_dropped_after_the_write_timeout() -> None:
+    metrics = Metrics(body=b"z" * (1 << 20), chunks=16)
+    with serving(metrics, Limits(write_timeout=0.5)) as sink:
+        sock = socket.create_connection(sink.address)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert wait_for(lambda: sink.server.connections == 1)
+        assert wait_for(lambda: sink.server.connections == 0, timeout=3)
+        assert get(sink)[0] == 200
+        sock.close()
+
+
+def test_slow_readers_hold_at_most_max_bodies_scrapes() -> None:
+    metrics = Metrics(body=b"z" * (1 << 20), chunks=8)
+    with serving(metrics, Limits(write_timeout=30, max_bodies=2)) as sink:
+        readers = []
+        for n in range(1, 5):  # each asks after the previous scrape ended, then never reads
+            sock = socket.create_connection(sink.address)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            readers.append(sock)
+            assert wait_for(lambda: metrics.calls == n and sink.server._running is None)  # noqa: B023
+        assert wait_for(lambda: sink.server.connections == 2)
+        assert len(sink.server._finished) == 2
+        for sock in readers:
+            sock.close()
+
+
+def test_a_client_that_leaves_stops_its_scrape() -> None:
+    metrics = Metrics(seconds=1.0, chunks=10)
+    with serving(metrics) as sink:
+        sock = connect(sink)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert wait_for(lambda: metrics.chunks_made >= 1, timeout=3)
+        sock.close()
+        time.sleep(0.5)
+        assert metrics.chunks_made < 10
+
+
+def test_an_idle_server_is_never_woken() -> None:
+    """No connection: the loop blocks in epoll_wait without a timeout. An idle keep-alive connection holds a
+    deadline (idle_timeout), and nothing else wakes the loop before it."""
+    with serving(Metrics(), Limits(idle_timeout=60)) as sink:
+        time.sleep(0.2)
+        threads = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("http")}
+        assert set(threads) == {"http", "http-scrape"}
+        before = {name: voluntary_switches(tid) for name, tid in threads.items()}
+        time.sleep(1.0)
+        assert {name: voluntary_switches(tid) for name, tid in threads.items()} == before
+        conn = http.client.HTTPConnection(*sink.address, timeout=5)
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+        time.sleep(0.2)
+        before = voluntary_switches(threads["http"])
+        time.sleep(1.0)
+        assert voluntary_switches(threads["http"]) == before
+        conn.close()
+
+
+@pytest.mark.parametrize("head, status", [
+    (b"GET / HTTP/1.1\r\n" + b"X: " + b"a" * 20000, 431),
+    (b"GET /\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\n folded\r\n\r\n", 400),
+    (b"GET / HTTP/1.1\r\nBad Name: 1\r\n\r\n", 400),
+    (b"G\x00T / HTTP/1.1\r\n\r\n", 400),
+    (b"GET / FTP/1.0\r\n\r\n", 400),
+])
+def test_parse_head_refuses(head: bytes, status: int) -> None:
+    with pytest.raises(HeadError) as raised:
+        parse_head(head, Limits())
+    assert raised.value.status == status
+
+
+def test_parse_head_reads_a_prometheus_request() -> None:
+    head = (b"GET /metrics?x=1 HTTP/1.1\r\nHost: node:9717\r\nUser-Agent: Prometheus/2.53.0\r\n"
+            b"Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: gzip\r\n"
+            b"X-Prometheus-Scrape-Timeout-Seconds: 10\r\n\r\nGET")
+    request, size = parse_head(head, Limits())
+    assert (request.method, request.path, request.version) == ("GET", "/metrics", "HTTP/1.1")
+    assert request.headers["accept"] == "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+    assert head[size:] == b"GET"
+    assert parse_head(head[:40], Limits()) is None
