@@ -89,8 +89,11 @@ def main() -> None:
               show_default=True, help="Seconds a gone workload's series stay before they are dropped.")
 @click.option("--log-level", envvar="OOMWATCH_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--web-config-file", envvar="OOMWATCH_WEB_CONFIG_FILE", default=None, metavar="PATH",
+              help="TLS, client certificates and basic auth for every route but /healthz, in the format of "
+                   "Prometheus' exporter-toolkit web config file (see the README, \"Who can reach the port\").")
 def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, listen, events_file,
-          state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, log_level) -> None:
+          state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, log_level, web_config_file) -> None:
     """Run the node agent: follow the kernel log and the cgroup tree, publish every OOM kill as an incident,
     serve Prometheus metrics. Stops cleanly on SIGTERM (state flushed, exit 0).
 
@@ -107,11 +110,18 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
         parse_listen(listen)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--listen") from None
+    if web_config_file:
+        from oomwatch.sinks.webconfig import WebConfigError, load_web_config
+
+        try:
+            load_web_config(web_config_file)  # read again by the agent; checked here for a clear exit 2
+        except WebConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--web-config-file") from None
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, listen=listen, events_file=events_file,
                     state_dir=state_dir, kubelet_config=kubelet_config, run_root=run_root, pod_log_dir=pod_log_dir,
                     node_name=node_name, kube_api=kube_api, pod_events=pod_events, proc_connector=proc_connector,
                     grace_period=grace_period,
-                    boot_time=_boot_time(boot_time))
+                    web_config_file=web_config_file, boot_time=_boot_time(boot_time))
     try:
         code = Agent(config).run_until_signalled()
     except OSError as exc:

@@ -27,3 +27,6 @@ class Config:
     # How long the kernel log must stay quiet before an incident still being printed is taken as complete.
     quiet_seconds: float = 0.25
     boot_time: Optional[float] = None  # epoch of kernel time 0 for saved logs; None = this host's
+    web_config_file: Optional[str] = None  # TLS and auth for the port (sinks.webconfig.load_web_config)
+    # Series left out of /metrics on large fleets (sinks.collector.DROPPABLE): "pods", "memory-events".
+    drop_series: tuple[str, ...] = ()
