@@ -87,13 +87,18 @@ def main() -> None:
                                       "network namespaces).")
 @click.option("--grace-period", envvar="OOMWATCH_GRACE_PERIOD", type=click.FloatRange(min=0), default=600.0,
               show_default=True, help="Seconds a gone workload's series stay before they are dropped.")
+@click.option("--drop-series", envvar="OOMWATCH_DROP_SERIES", default="", metavar="LIST",
+              help="Leave series out of /metrics on large fleets, comma-separated: `pods` (the pod-level series, "
+                   "duplicates of their containers'), `memory-events` (oomwatch_memory_events_total, 5 per "
+                   "workload). Default: none.")
 @click.option("--log-level", envvar="OOMWATCH_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--web-config-file", envvar="OOMWATCH_WEB_CONFIG_FILE", default=None, metavar="PATH",
               help="TLS, client certificates and basic auth for every route but /healthz, in the format of "
                    "Prometheus' exporter-toolkit web config file (see the README, \"Who can reach the port\").")
 def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, listen, events_file,
-          state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, log_level, web_config_file) -> None:
+          state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, drop_series,
+          log_level, web_config_file) -> None:
     """Run the node agent: follow the kernel log and the cgroup tree, publish every OOM kill as an incident,
     serve Prometheus metrics. Stops cleanly on SIGTERM (state flushed, exit 0).
 
@@ -117,10 +122,16 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
             load_web_config(web_config_file)  # read again by the agent; checked here for a clear exit 2
         except WebConfigError as exc:
             raise click.BadParameter(str(exc), param_hint="--web-config-file") from None
+    from oomwatch.sinks.collector import DROPPABLE
+
+    dropped = tuple(sorted({name.strip() for name in drop_series.split(",") if name.strip()}))
+    if set(dropped) - set(DROPPABLE):
+        raise click.BadParameter(f"choose from {', '.join(DROPPABLE)}, got {drop_series!r}",
+                                 param_hint="--drop-series")
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, listen=listen, events_file=events_file,
                     state_dir=state_dir, kubelet_config=kubelet_config, run_root=run_root, pod_log_dir=pod_log_dir,
                     node_name=node_name, kube_api=kube_api, pod_events=pod_events, proc_connector=proc_connector,
-                    grace_period=grace_period,
+                    grace_period=grace_period, drop_series=dropped,
                     web_config_file=web_config_file, boot_time=_boot_time(boot_time))
     try:
         code = Agent(config).run_until_signalled()
