@@ -145,11 +145,16 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
 @click.argument("target", required=False, metavar="[CGROUP-OR-POD]")
 @click.option("--container", default=None, help="Only this container (by name).")
 @click.option("--since", default=None, help="Only incidents since then: a duration (30m, 2h, 1d) or an ISO time.")
+@click.option("--limit", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Show at most this many kills (newest first); older ones are summed up by workload. 0: all.")
+@click.option("--tz", "tz_name", default=None, metavar="ZONE",
+              help="Time zone of a saved log's dates printed without one (journalctl, dmesg -T), e.g. "
+                   "Europe/Berlin. Default: this machine's.")
 @click.option("--json", "as_json", is_flag=True, help="The same report as JSON.")
 @click.option("--color/--no-color", default=None, help="Colour (default: only on a terminal).")
 @click.pass_context
 def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, target, container,
-            since, as_json, color) -> None:
+            since, limit, tz_name, as_json, color) -> None:
     """Explain this node's OOM posture and recent OOM kills in plain words (read-only, one shot).
 
     CGROUP-OR-POD narrows the report to a pod (`namespace/pod`, or just the pod name) or a cgroup path
@@ -161,7 +166,13 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
       oomwatch inspect ml/train-0 --container trainer --since 2h
       journalctl -k -b -1 | oomwatch inspect --kmsg -
       oomwatch inspect --json --kmsg fixtures/kmsg/linux-6.1-runc-group-pidns.kmsg
+
+    Every run says how many kernel-log records it read and understood and how many OOM reports it found;
+    input it could not read is a warning on stderr (with the first such line), an empty or unreadable log an
+    error (exit 1).
     """
+    import os
+
     from oomwatch.inspect import build_report, parse_since, render_text, terminal_width
     from oomwatch.sources.kmsg import is_saved_log
 
@@ -171,21 +182,36 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
             since_ts = parse_since(since, time.time())
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--since") from None
+    tz = None
+    if tz_name is not None:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            tz = ZoneInfo(tz_name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise click.BadParameter(f"unknown time zone {tz_name!r} (e.g. UTC, Europe/Berlin)",
+                                     param_hint="--tz") from None
+    source = click.core.ParameterSource.DEFAULT
+    for name, path, hint in (("cgroup_root", cgroup_root, "--cgroup-root"), ("proc_root", proc_root, "--proc")):
+        if ctx.get_parameter_source(name) != source and not os.path.isdir(path):
+            raise click.BadParameter(f"{path} is not a directory", param_hint=hint)
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, kubelet_config=kubelet_config,
                     run_root=run_root, pod_log_dir=pod_log_dir, boot_time=_boot_time(boot_time))
-    source = click.core.ParameterSource.DEFAULT
     saved_log = ctx.get_parameter_source("kmsg") != source and is_saved_log(kmsg)
     # A saved log may come from another node: this host's cgroups would describe the wrong one.
     node_view = not saved_log or ctx.get_parameter_source("cgroup_root") != source
-    report = build_report(config, target=target, container=container, since=since_ts, node_view=node_view)
+    report = build_report(config, target=target, container=container, since=since_ts, node_view=node_view, tz=tz,
+                          limit=limit or None)
+    error = (report.get("kmsg") or {}).get("error")
+    if error and saved_log:
+        raise click.ClickException(f"cannot read the kernel log: {error}")
+    for warning in report.get("warnings", []):
+        click.echo(f"oomwatch: warning: {warning}", err=True)
     if as_json:
         click.echo(json.dumps(jsonable(report), indent=2))
     else:
         use_color = sys.stdout.isatty() if color is None else color
         click.echo(render_text(report, color=use_color, width=terminal_width()), nl=False, color=use_color)
-    error = (report.get("kmsg") or {}).get("error")
-    if error and saved_log:
-        raise click.ClickException(f"cannot read the kernel log: {error}")
     if error:
         click.echo(f"oomwatch: cannot read the kernel log ({error}); shown: node posture and workloads", err=True)
 

@@ -10,8 +10,10 @@ import math
 import os
 import re
 import shutil
+import sys
 import time
-from typing import Any, Iterable, Optional
+from collections import Counter
+from typing import Any, BinaryIO, Iterable, Iterator, Optional
 
 from oomwatch.config import Config
 from oomwatch.correlator import is_within
@@ -26,7 +28,8 @@ from oomwatch.node import (
     with_effective_oom_group,
 )
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
-from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, Lost, is_saved_log, open_kernel_log, read_saved_log
+from oomwatch.parse.kmsg import GARBLED, LOST_MARKER, TextLogStats, parse_text_log
+from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, Lost, is_saved_log, open_kernel_log
 from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.kubelet import read_kubelet_config
 from oomwatch.workloads.runtime import RuntimeNames
@@ -50,18 +53,37 @@ def parse_since(text: str, now: float) -> float:
     return value.timestamp()
 
 
+def _saved_log(source: str, tz, stats: TextLogStats) -> Iterator[Any]:
+    """A saved log's items, as sources.kmsg.read_saved_log gives them, with the reader's account of what it
+    understood (`stats`) and the zone of dates printed without one (`tz`)."""
+    stream: BinaryIO = sys.stdin.buffer if source == "-" else open(source, "rb")
+    try:
+        for record in parse_text_log(stream, tz=tz, stats=stats):
+            if record.priority == LOST_MARKER:
+                yield Lost(None)
+            elif record.priority == GARBLED:
+                yield Garbled(record.text.encode())
+            else:
+                yield record
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
 def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
                    cgroup_of_pid=lambda pid: None, boot_id: str = "unknown",
-                   clock=time.time) -> tuple[list[Incident], dict]:
+                   clock=time.time, tz=None) -> tuple[list[Incident], dict]:
     """Every incident still in the kernel's ring buffer (or in the saved log). Returns (incidents, reader
-    health). Raises KmsgUnavailable when the log cannot be read at all."""
+    health: what was read, understood and found). Raises KmsgUnavailable when the log cannot be read at all,
+    or when a saved log holds nothing (empty input, or journalctl saying it found no journal)."""
     live = not is_saved_log(config.kmsg)
     boot_time = config.boot_time if config.boot_time is not None else host_boot_time()
     correlator = make_correlator(boot_id=boot_id if live else "saved-log", boot_time=boot_time,
                                  resolver=resolver, posture_single=lambda: single, cgroup_of_pid=cgroup_of_pid,
                                  clock=clock, live=live)
-    health = {"source": config.kmsg, "live": live, "records": 0, "lost": 0, "parse_errors": 0,
-              "suppressed_reports": 0}
+    health: dict[str, Any] = {"source": config.kmsg, "live": live, "records": 0, "lost": 0, "parse_errors": 0,
+                              "suppressed_reports": 0}
+    text_stats = TextLogStats()
     items: Iterable[Any]
     if live:
         opened = open_kernel_log(config.kmsg)
@@ -69,32 +91,99 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
         items = list(opened.reader.read_available())
         opened.reader.close()
     else:
-        try:
-            items = read_saved_log(config.kmsg)
-        except OSError as exc:
-            raise KmsgUnavailable(f"{config.kmsg}: {exc.strerror or exc}") from exc
+        items = _saved_log(config.kmsg, tz, text_stats)
     incidents: list[Incident] = []
     wall_clock = False
+    first_error: Optional[str] = None
     try:
         for item in items:
             if isinstance(item, KmsgRecord):
                 wall_clock = wall_clock or item.wall_time is not None
+                errors = correlator.stats.parse_errors
                 incidents += correlator.feed(item)
+                if first_error is None and correlator.stats.parse_errors > errors:
+                    first_error = item.text[:200]
             elif isinstance(item, Lost):
                 health["lost"] += item.count or 0
                 correlator.lost(item.count or 0)
             elif isinstance(item, Garbled):
                 health["parse_errors"] += 1
+                if first_error is None:
+                    first_error = item.raw[:200].decode("utf-8", "backslashreplace")
     except OSError as exc:
         raise KmsgUnavailable(f"{config.kmsg}: {exc.strerror or exc}") from exc
     incidents += correlator.flush()
     stats = correlator.stats
     health["records"] = stats.records
     health["parse_errors"] += stats.parse_errors
+    health["first_parse_error"] = first_error
     health["suppressed_reports"] = stats.suppressed_reports
+    health["oom_reports"] = len(incidents)
     health["times_from"] = "log" if wall_clock else ("boot time given" if config.boot_time is not None or live
                                                      else "this host's boot time")
+    if not live:
+        if text_stats.notice is not None and not text_stats.records:
+            raise KmsgUnavailable(f"{_source_name(config.kmsg)} holds no kernel log, only journalctl's "
+                                  f"\"{text_stats.notice}\" (run it as root, or on the node itself)")
+        if not text_stats.lines:
+            raise KmsgUnavailable(f"{_source_name(config.kmsg)} is empty")
+        health["text"] = {
+            "lines": text_stats.lines, "kernel_records": text_stats.records, "formats": dict(text_stats.formats),
+            "other_program_lines": text_stats.other, "comment_lines": text_stats.comments, "unreadable_lines": text_stats.garbled,
+            "first_unreadable": text_stats.first_garbled, "cut_lines": text_stats.truncated,
+            "guessed_years": sorted(text_stats.guessed_years),
+        }
+        health["parse_errors"] += text_stats.garbled
+        if first_error is None:
+            health["first_parse_error"] = text_stats.first_garbled
     return incidents, health
+
+
+def _source_name(source: str) -> str:
+    return "standard input" if source == "-" else source
+
+
+_FORMAT_NAMES = {"kmsg": "raw kmsg", "bare": "without prefix"}
+
+
+def reader_summary(kmsg: dict) -> str:
+    """One sentence: what the kernel-log reader read, understood and found."""
+    reports = kmsg.get("oom_reports", 0)
+    found = f"{reports} OOM report{'' if reports == 1 else 's'} found"
+    text = kmsg.get("text")
+    if text is None:
+        return f"{kmsg['source']}: {kmsg['records']} records read, {found}."
+    formats = ", ".join(f"{_FORMAT_NAMES.get(name, name)} {n}"
+                        for name, n in sorted(text["formats"].items(), key=lambda kv: -kv[1]))
+    parts = [f"{_source_name(kmsg['source'])}: {text['lines']} lines read, {text['kernel_records']} kernel "
+             f"records understood" + (f" ({formats})" if formats else "")]
+    if text["other_program_lines"]:
+        parts.append(f"{text['other_program_lines']} lines of other programs skipped")
+    if text["comment_lines"]:
+        parts.append(f"{text['comment_lines']} comment line{'' if text['comment_lines'] == 1 else 's'} skipped")
+    if text["unreadable_lines"]:
+        parts.append(f"{text['unreadable_lines']} unreadable")
+    return "; ".join(parts) + f"; {found}."
+
+
+def reader_warnings(kmsg: Optional[dict]) -> list[str]:
+    """What the user must be told on stderr: input read but not (fully) understood."""
+    if not kmsg or kmsg.get("error"):
+        return []
+    warnings = []
+    text = kmsg.get("text") or {}
+    if not kmsg.get("records"):
+        warnings.append(f"no kernel log records in {_source_name(kmsg['source'])}"
+                        + (f" (first line not understood: {text['first_unreadable']!r})"
+                           if text.get("first_unreadable") else ""))
+    elif kmsg.get("parse_errors"):
+        warnings.append(f"{kmsg['parse_errors']} lines could not be read; first: {kmsg['first_parse_error']!r}")
+    if text and not kmsg.get("oom_reports") and text["formats"].get("bare", 0) == text["kernel_records"] > 0:
+        warnings.append("no line has a kernel log prefix (dmesg, journalctl, syslog), and none is an OOM line: "
+                        "is this a kernel log?")
+    if text.get("cut_lines"):
+        warnings.append(f"{text['cut_lines']} lines longer than 64 KiB were cut")
+    return warnings
 
 
 def _headroom(limit: Optional[float], usage: Optional[int]) -> Optional[float]:
@@ -125,9 +214,11 @@ def _matches(target: Optional[str], container: Optional[str], workload: dict, cg
 
 
 def build_report(config: Config, *, target: Optional[str] = None, container: Optional[str] = None,
-                 since: Optional[float] = None, node_view: bool = True, clock=time.time) -> dict[str, Any]:
+                 since: Optional[float] = None, node_view: bool = True, clock=time.time, tz=None,
+                 limit: Optional[int] = None) -> dict[str, Any]:
     """The report as data. `node_view=False` (a saved log from elsewhere) skips this host's posture and
-    workloads: they would describe the wrong node."""
+    workloads: they would describe the wrong node. `tz`: the zone of a saved log's dates printed without one
+    (default: this machine's); `limit`: show at most this many incidents (the rest are summed up by workload)."""
     proc = Proc(config.proc)
     fs = CgroupFS(config.cgroup_root)
     notes: list[str] = []
@@ -196,9 +287,11 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
             "mismatch": mismatch,
         }
         if version in ("v1", "hybrid"):
-            notes.append(f"memory is on cgroup v1 here ({version} hierarchy): every OOM kill is a single-process "
-                         "kill; memory.oom.group is a cgroup v2 feature. Workload rows come from "
-                         f"{config.cgroup_root} as it is.")
+            v1_memory = os.path.join(config.cgroup_root, "memory")
+            notes.append(f"memory is on cgroup v1 here ({version} hierarchy): oomwatch reads cgroup v2 files only, "
+                         f"so the v1 memory tree ({v1_memory}) is not read: workloads have no limits, usage or "
+                         "memory.events counts here. OOM kills are still explained from the kernel log, and each "
+                         "is a single-process kill (memory.oom.group is a cgroup v2 feature).")
         elif version == "none":
             notes.append(f"no cgroup hierarchy found at {config.cgroup_root}: workloads cannot be shown.")
         if fields and "oom_group_kill" not in fields:
@@ -213,7 +306,7 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
 
     try:
         incidents, health = read_incidents(config, resolver, single, cgroup_of_pid if node_view else (lambda p: None),
-                                           boot_id=proc.boot_id(), clock=clock)
+                                           boot_id=proc.boot_id(), clock=clock, tz=tz)
         report["kmsg"] = health
     except KmsgUnavailable as exc:
         report["kmsg"] = {"source": config.kmsg, "error": str(exc)}
@@ -223,6 +316,10 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
     if incidents and (report["kmsg"] or {}).get("times_from") == "this host's boot time":
         notes.append("this log carries no wall-clock times: they are shown as if it came from this host's "
                      "current boot; pass --boot-time for a log from another boot.")
+    years = ((report["kmsg"] or {}).get("text") or {}).get("guessed_years")
+    if years:
+        notes.append(f"this log's dates carry no year: {'/'.join(map(str, years))} was assumed (the latest year in "
+                     "which each date is not in the future).")
     if report["kmsg"] and report["kmsg"].get("lost"):
         notes.append(f"{report['kmsg']['lost']} kernel log records were lost (overwritten) before they could be read.")
     selected = []
@@ -236,8 +333,25 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
                 _matches(target, container, incident.workload.to_json(), c) for c in cgroups):
             continue
         selected.append(data)
-    report["incidents"] = list(reversed(selected))  # newest first
+    selected.reverse()  # newest first
+    filters = [f for f in (target, container and f"--container {container}",
+                           since is not None and "--since") if f]
+    report["filter"] = {"filters": filters, "in_log": len(incidents), "matching": len(selected)}
+    if limit is not None and 0 < limit < len(selected):
+        hidden = selected[limit:]
+        by_workload = Counter(_workload_name(i) for i in hidden)
+        report["not_shown"] = {"count": len(hidden), "by_workload": dict(by_workload.most_common())}
+        selected = selected[:limit]
+    report["incidents"] = selected
+    report["warnings"] = reader_warnings(report["kmsg"])
     return report
+
+
+def _workload_name(incident: dict) -> str:
+    w = incident.get("workload") or {}
+    if w.get("namespace") and w.get("pod"):
+        return f"{w['namespace']}/{w['pod']}" + (f" {w['container']}" if w.get("container") else "")
+    return w.get("unit") or (incident.get("victim") or {}).get("cgroup") or incident.get("oom_cgroup") or "?"
 
 
 # --- text rendering -----------------------------------------------------------------------------------
@@ -260,9 +374,16 @@ class Style:
         return self._c("33", text)
 
 
+# Longest text wrapped: textwrap's cost grows faster than linearly with the length of a word, and nothing a
+# person reads in a terminal is longer (names and paths are already bounded by the parsers).
+_WRAP_MAX = 4000
+
+
 def _wrap(text: str, width: int, indent: str = "  ") -> list[str]:
     import textwrap
 
+    if len(text) > _WRAP_MAX:
+        text = text[:_WRAP_MAX] + "…"
     return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ") or [indent]
 
 
@@ -303,7 +424,7 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         out.append(s.bold(f"Workloads ({len(rows)})"))
         if rows:
             out.append(f"  {'WORKLOAD':<26} {'GRP':>3} {'LIMIT':>8} {'USAGE':>8} {'PEAK':>8} {'FREE':>8} "
-                       f"{'OOM':>4} {'KILLS':>5}")
+                       f"{'OOMS':>4} {'KILLS':>5}")
             for r in rows:
                 ev = r["events"]
                 out.append(
@@ -311,14 +432,31 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
                     f"{_size_cell(r['limit_bytes']):>8} {_size_cell(r['usage_bytes']):>8} "
                     f"{_size_cell(r['peak_bytes']):>8} {_size_cell(r['headroom_bytes']):>8} "
                     f"{ev.get('oom', 0):>4} {ev.get('oom_kill', 0):>5}")
+            out.extend(_wrap("GRP: memory.oom.group; FREE: limit - usage; OOMS, KILLS: the cgroup's "
+                             "memory.events oom (its limit was hit and the OOM killer ran) and oom_kill "
+                             "(processes killed in it or below), since it was created", width))
         else:
             out.append("  none found")
         out.append("")
     incidents = report["incidents"]
-    out.append(s.bold(f"Recent OOM kills ({len(incidents)}, newest first)"))
+    kmsg = report.get("kmsg") or {}
+    filt = report.get("filter") or {}
+    not_shown = report.get("not_shown")
+    heading = f"Recent OOM kills ({len(incidents)}"
+    if not_shown:
+        heading += f" of {len(incidents) + not_shown['count']}"
+    out.append(s.bold(heading + ", newest first)"))
+    if kmsg.get("source") and not kmsg.get("error"):
+        out.extend(_wrap("kernel log: " + reader_summary(kmsg), width))
+    if filt.get("filters") and filt["matching"] < filt["in_log"]:
+        n = filt["in_log"]
+        out.extend(_wrap(f"{n} kill{'' if n == 1 else 's'} in the log, {filt['matching']} match "
+                         f"{' '.join(filt['filters'])}", width))
     if not incidents:
-        kmsg = report.get("kmsg") or {}
-        out.append("  none in the kernel log" if not kmsg.get("error") else "  unknown (kernel log unreadable)")
+        if kmsg.get("error"):
+            out.append("  unknown (kernel log unreadable)")
+        elif not filt.get("in_log"):
+            out.append("  none in the kernel log")
     for inc in incidents:
         killed = inc["killed"]
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(_epoch(inc["time"])))
@@ -333,6 +471,9 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         if inc.get("died_with"):
             pids = ", ".join(str(p["pid"]) for p in inc["died_with"])
             out.extend(_wrap(f"also died by SIGKILL, unlogged (proc connector): pids {pids}", width, indent="    "))
+    if not_shown:
+        parts = ", ".join(f"{name} {n}" for name, n in not_shown["by_workload"].items())
+        out.extend(_wrap(f"{not_shown['count']} older kills not shown (--limit); by workload: {parts}", width))
     return "\n".join(out) + "\n"
 
 

@@ -106,8 +106,9 @@ def test_cgroup_v1_host_is_explained_plainly(tmp_path: Path) -> None:
     report = build_report(Config(kmsg=str(CAPTURES / "linux-6.1-memcg-scenarios.kmsg"), cgroup_root=str(root),
                                  proc=str(proc), kubelet_config=str(tmp_path / "none")), node_view=True)
     assert report["node"]["cgroup_version"] == "hybrid"
-    assert any("every OOM kill is a single-process kill; memory.oom.group is a cgroup v2 feature" in n
-               for n in report["notes"])
+    (note,) = [n for n in report["notes"] if "cgroup v1" in n]
+    assert f"the v1 memory tree ({root}/memory) is not read" in note
+    assert "each is a single-process kill (memory.oom.group is a cgroup v2 feature)" in note
     assert len(report["incidents"]) == 4, "what it can see is still shown"
 
 
@@ -121,7 +122,8 @@ def test_unreadable_kernel_log_is_one_clear_note_and_the_rest_still_shows(tmp_pa
 
 def test_cli_saved_log_offline_and_json() -> None:
     runner = CliRunner()
-    result = runner.invoke(main, ["inspect", "--kmsg", str(CAPTURES / "linux-6.1-storm-ratelimited.kmsg"), "--json"])
+    storm = str(CAPTURES / "linux-6.1-storm-ratelimited.kmsg")
+    result = runner.invoke(main, ["inspect", "--kmsg", storm, "--json", "--limit", "0"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["node"] is None, "a saved log from elsewhere: this host's cgroups are not shown"
@@ -179,3 +181,106 @@ def test_exiting_and_died_with_are_shown() -> None:
     assert "killed: dd(127), sh(119)" in text
     assert "already exiting, died with it: sleep(124)" in text
     assert "also died by SIGKILL, unlogged (proc connector): pids 125" in text
+
+
+# --- saying what was and was not understood (issue 10) -----------------------------------------------------
+
+GROUP_419 = CAPTURES / "documented-4.19-memcg-group.dmesg"
+
+
+def inspect_cli(*args: str, input: bytes | None = None):
+    return CliRunner().invoke(main, ["inspect", *args], input=input)
+
+
+def test_every_run_says_what_it_read_understood_and_found() -> None:
+    result = inspect_cli("--kmsg", str(GROUP_419))
+    assert result.exit_code == 0 and result.stderr == ""
+    assert ("kernel log: " + str(GROUP_419) + ": 12 lines read, 11 kernel records understood (dmesg 11); 1 "
+            "comment line skipped; 1 OOM report found.") in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize("data,said", [
+    (b"", "standard input is empty"),
+    (b"\n\n", "standard input is empty"),
+    (b"No journal files were found.\n", "only journalctl's \"No journal files were found.\""),
+    (b"-- No entries --\n", "only journalctl's \"-- No entries --\""),
+])
+def test_empty_input_is_an_error(data, said) -> None:
+    result = inspect_cli("--kmsg", "-", input=data)
+    assert result.exit_code == 1
+    assert said in result.stderr and "cannot read the kernel log" in result.stderr
+
+
+def test_unreadable_input_is_an_error(tmp_path: Path) -> None:
+    result = inspect_cli("--kmsg", str(tmp_path))  # a directory
+    assert result.exit_code == 1 and "cannot read the kernel log" in result.stderr
+
+
+def test_lines_not_understood_are_a_warning_with_the_first_of_them() -> None:
+    data = (GROUP_419.read_bytes() + b"[  901.0] Out of memory: Killed process xyz (a) total-vm:1kB\n"
+            b"[Mon Feb 30 10:00:00 2023] x\n")
+    result = inspect_cli("--kmsg", "-", input=data)
+    assert result.exit_code == 0
+    assert ("oomwatch: warning: 2 lines could not be read; first: 'Out of memory: Killed process xyz (a) "
+            "total-vm:1kB'") in result.stderr
+    assert "1 OOM report found" in " ".join(result.stdout.split())
+
+
+def test_text_that_is_no_kernel_log_is_a_warning() -> None:
+    result = inspect_cli("--kmsg", "-", input=b"hello\nworld\n")
+    assert result.exit_code == 0
+    assert "no line has a kernel log prefix" in result.stderr
+
+
+def test_filters_that_hide_kills_say_so() -> None:
+    for args, said in ((["--container", "nope"], "1 kill in the log, 0 match --container nope"),
+                       (["shop/web"], "1 kill in the log, 0 match shop/web"),
+                       (["--since", "2000-01-01T00:00:00Z"], None)):
+        out = " ".join(inspect_cli("--kmsg", str(GROUP_419), *args).stdout.split())
+        if said is None:
+            assert "match" not in out and "none in the kernel log" not in out
+        else:
+            assert said in out and "none in the kernel log" not in out
+    out = " ".join(inspect_cli("--kmsg", str(GROUP_419), "--since", "1h", "--boot-time", "2000-01-01T00:00:00Z"
+                               ).stdout.split())
+    assert "1 kill in the log, 0 match --since" in out
+
+
+@pytest.mark.parametrize("option", ["--cgroup-root", "--proc"])
+def test_bad_paths_are_errors(option) -> None:
+    result = inspect_cli(option, "/nonexistent")
+    assert result.exit_code == 2 and "/nonexistent is not a directory" in result.stderr
+
+
+def test_bad_time_zone_is_an_error() -> None:
+    result = inspect_cli("--kmsg", str(GROUP_419), "--tz", "Mars/Olympus")
+    assert result.exit_code == 2 and "unknown time zone" in result.stderr
+
+
+def test_a_guessed_year_and_the_time_zone_are_used_and_said() -> None:
+    journal = (b"Jan  2 03:04:05 node kernel: Tasks in /b are going to be killed due to memory.oom.group set\n"
+               b"Jan  2 03:04:05 node kernel: Memory cgroup out of memory: Killed process 5 (x) total-vm:1kB, "
+               b"anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n")
+    result = inspect_cli("--kmsg", "-", "--json", "--tz", "Asia/Tokyo", input=journal)
+    data = json.loads(result.stdout)
+    (note,) = [n for n in data["notes"] if "carry no year" in n]
+    (year,) = data["kmsg"]["text"]["guessed_years"]
+    assert f"{year} was assumed" in note
+    assert data["incidents"][0]["time"] == f"{year}-01-01T18:04:05.000000Z", "03:04:05 in Tokyo"
+
+
+def test_limit_shows_the_newest_and_sums_up_the_rest_by_workload() -> None:
+    storm = str(CAPTURES / "linux-6.1-storm-ratelimited.kmsg")
+    result = inspect_cli("--kmsg", storm, "--limit", "3")
+    out = " ".join(result.stdout.split())
+    assert "Recent OOM kills (3 of 150, newest first)" in out
+    assert out.count("GROUP kill") == 3
+    assert "147 older kills not shown (--limit); by workload: /storm/c" in out
+    data = json.loads(inspect_cli("--kmsg", storm, "--limit", "3", "--json").stdout)
+    assert data["not_shown"]["count"] == 147 and sum(data["not_shown"]["by_workload"].values()) == 147
+    assert len(inspect_cli("--kmsg", storm).stdout.splitlines()) < 150, "the default limit keeps it short"
+
+
+def test_a_50_mb_name_does_not_hang_the_renderer() -> None:
+    report = {"node": None, "workloads": [], "notes": ["x" * 50_000_000], "kmsg": {}, "incidents": []}
+    assert len(render_text(report)) < 10_000
