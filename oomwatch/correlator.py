@@ -12,12 +12,23 @@ found from the kill lines themselves:
 
 A finished incident is held back until the next one finishes or the caller flushes (the log went quiet),
 because a later invocation may report `OOM victim P … is already exiting` for a process that died with it.
+
+Lines can be lost (the ring buffer wraps under a storm or while the agent is down), so the kind never rests on
+one line alone: a victim printed twice is a group kill (the kernel reprints it only inside a group listing),
+and where the `Tasks in` line is missing, the `memory.oom.group` of the victim's cgroup and its ancestors (as
+the node view last read it) names the group cgroup. What the correlator knows of the node comes from a
+read-only `NodeView`; it never calls back into live state. The kernel's `memory.events` counters, not the log,
+are the count of record: `oomwatch.reconcile` adds the kills no line describes.
+
+Only the kernel may report a kill: an OOM line from another syslog facility (anyone who can write to
+/dev/kmsg produces facility `user`) is counted as rejected and ignored.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 from oomwatch.model import (
     Incident,
@@ -38,6 +49,37 @@ from oomwatch.parse.oom import parse_oom_line
 
 # Lines that should have parsed as OOM lines: when they do not, the kernel format changed under us.
 _OOM_MARKERS = ("Killed process", "oom-kill:", "invoked oom-killer", "memory.oom.group set", "OOM victim")
+KERNEL_FACILITY = 0  # syslog facility of records the kernel itself printed (priority >> 3)
+
+
+class NodeView(Protocol):
+    """What the correlator may ask about the node: read-only, answered from what the agent last saw.
+    `at` is the kill's time (kernel time as epoch seconds): hints are dated by the kernel's clock, so a
+    backlog does not make them stale."""
+
+    def cgroup_of_pid(self, pid: int) -> Optional[str]: ...
+
+    def oom_group_cgroup(self, cgroup: str, within: Optional[str]) -> Optional[str]: ...
+
+    def oom_cgroup_hint(self, victim_cgroup: Optional[str], at: float) -> Optional[str]: ...
+
+    def victim_cgroup_hint(self, oom_cgroup: Optional[str], at: float) -> Optional[str]: ...
+
+
+class BlindView:
+    """A view that knows nothing (a saved log from another node, or tests): only the kernel's lines count."""
+
+    def cgroup_of_pid(self, pid: int) -> Optional[str]:
+        return None
+
+    def oom_group_cgroup(self, cgroup: str, within: Optional[str]) -> Optional[str]:
+        return None
+
+    def oom_cgroup_hint(self, victim_cgroup: Optional[str], at: float) -> Optional[str]:
+        return None
+
+    def victim_cgroup_hint(self, oom_cgroup: Optional[str], at: float) -> Optional[str]:
+        return None
 
 
 def is_within(path: Optional[str], ancestor: str) -> bool:
@@ -67,12 +109,21 @@ class _Builder:
     summary_seq: Optional[int] = None
     selected: Optional[OomSelected] = None
     group: Optional[str] = None
+    group_inferred: bool = False  # no `Tasks in` line: the group cgroup comes from memory.oom.group
     kills: list[_Kill] = field(default_factory=list)
+    pid_set: set[int] = field(default_factory=set)  # kept with `kills`: a listing of n stays O(n)
+    reprints: int = 0  # `Killed process` lines for a pid already listed (the kernel counts them in oom_kill)
     exiting: list[dict] = field(default_factory=list)
     last_was_new_kill: bool = False
 
-    def pids(self) -> set[int]:
-        return {k.line.pid for k in self.kills}
+    def add(self, kill: _Kill) -> None:
+        self.kills.append(kill)
+        self.pid_set.add(kill.line.pid)
+
+    def pop(self) -> _Kill:
+        kill = self.kills.pop()
+        self.pid_set.discard(kill.line.pid)
+        return kill
 
 
 @dataclass
@@ -82,6 +133,8 @@ class CorrelatorStats:
     lost: int = 0
     suppressed_reports: int = 0  # headers/summaries the kernel's ratelimit hid (`N callbacks suppressed`)
     invocations_without_kill: int = 0
+    rejected: int = 0  # OOM lines from a facility other than the kernel's (forged through /dev/kmsg)
+    first_rejected: Optional[str] = None
 
 
 IncidentFactory = Callable[..., Incident]
@@ -90,11 +143,9 @@ IncidentFactory = Callable[..., Incident]
 class Correlator:
     """Feed records in kernel order; receive finished incidents.
 
-    `cgroup_of_pid(pid)` answers from what the agent remembers of live processes (None = unknown);
-    `oom_cgroup_hint(victim_cgroup)` names the cgroup whose memory.events.local `oom` moved and
-    `victim_cgroup_hint(oom_cgroup)` the one whose `oom_kill` moved (for incidents whose summary was
-    ratelimited and whose victim was never seen alive); `resolve_workload`, `scope_of` and `explain` finish
-    the incident."""
+    `view` answers what the agent knows of the node (see NodeView); `resolve_workload`, `scope_of` and
+    `explain` finish the incident. Each incident's `kill_lines` counts its `Killed process` lines per cgroup,
+    reprints included, as the kernel's memory.events `oom_kill` counts them."""
 
     def __init__(
         self,
@@ -104,9 +155,7 @@ class Correlator:
         resolve_workload: Callable[[str], Workload],
         scope_of: Callable[[Optional[str], Optional[str], str], str],
         explain: Callable[[Incident], str],
-        cgroup_of_pid: Callable[[int], Optional[str]] = lambda pid: None,
-        oom_cgroup_hint: Callable[[Optional[str]], Optional[str]] = lambda cg: None,
-        victim_cgroup_hint: Callable[[Optional[str]], Optional[str]] = lambda oom_cg: None,
+        view: Optional[NodeView] = None,
         detected_clock: Callable[[], float] = lambda: 0.0,
         live: bool = True,
     ) -> None:
@@ -115,9 +164,7 @@ class Correlator:
         self._resolve_workload = resolve_workload
         self._scope_of = scope_of
         self._explain = explain
-        self._cgroup_of_pid = cgroup_of_pid
-        self._oom_cgroup_hint = oom_cgroup_hint
-        self._victim_cgroup_hint = victim_cgroup_hint
+        self._view: NodeView = view or BlindView()
         self._detected_clock = detected_clock
         self._live = live  # records from the live kernel log (a saved log's incidents carry no latency)
         self._open: Optional[_Builder] = None
@@ -134,10 +181,17 @@ class Correlator:
         self.stats.records += 1
         if record.seq is not None:
             self.last_seq = record.seq
+        if not record.text:
+            return self._drain()  # the reader's pre-filter found no OOM words in it
         line = parse_oom_line(record.text)
         if line is None:
             if any(marker in record.text for marker in _OOM_MARKERS):
                 self.stats.parse_errors += 1
+            return self._drain()
+        if record.priority >> 3 != KERNEL_FACILITY:
+            self.stats.rejected += 1
+            if self.stats.first_rejected is None:
+                self.stats.first_rejected = record.text[:200]
             return self._drain()
         when = self._wall_time(record)
         b = self._open
@@ -173,6 +227,12 @@ class Correlator:
             self._open.last_was_new_kill = False
         return self._drain()
 
+    def skipped(self, count: int, last_seq: Optional[int]) -> None:
+        """`count` records the reader's pre-filter found no OOM words in (read, not parsed)."""
+        self.stats.records += count
+        if last_seq is not None:
+            self.last_seq = last_seq
+
     def lost(self, count: int) -> None:
         """Records the reader could not get (EPIPE gap): an incident in progress may be incomplete."""
         self.stats.lost += count
@@ -204,10 +264,20 @@ class Correlator:
 
     def _on_killed(self, line: OomKilled, record: KmsgRecord, when: float) -> None:
         b = self._open
-        if b is not None and b.kills and line.pid in b.pids():
-            b.last_was_new_kill = False  # the victim's reprint inside its group listing
+        if b is not None and b.kills and line.pid in b.pid_set:
+            # The victim's reprint inside its group listing: only a group kill prints a pid twice.
+            b.reprints += 1
+            b.last_was_new_kill = False
+            if b.group is None:
+                self._infer_group(b, reprinted=True)
             return
-        cgroup = self._cgroup_of_pid(line.pid)
+        cgroup = self._view.cgroup_of_pid(line.pid)
+        if b is not None and b.kills and b.group is None:
+            # A kill after a kill with no `Tasks in` line between: the next incident, unless that line was
+            # lost and memory.oom.group says this process died in the same group.
+            self._infer_group(b, reprinted=False)
+            if b.group is not None and not (cgroup is not None and is_within(cgroup, b.group)):
+                b.group, b.group_inferred = None, False  # not one of its members: keep it single
         new_incident = (
             b is None
             or (b.kills and b.group is None)  # a finished single kill: this is the next victim
@@ -219,8 +289,22 @@ class Correlator:
         assert b is not None
         if not b.kills and b.summary is not None and b.summary.pid in (line.pid, None):
             cgroup = b.summary.task_cgroup or cgroup  # the kernel's own word for the victim's cgroup
-        b.kills.append(_Kill(line=line, seq=record.seq, time=when, cgroup=cgroup))
+        b.add(_Kill(line=line, seq=record.seq, time=when, cgroup=cgroup))
         b.last_was_new_kill = True
+
+    def _infer_group(self, b: _Builder, *, reprinted: bool) -> None:
+        """No `Tasks in` line (lost): the highest cgroup with memory.oom.group=1 between the victim's cgroup
+        and the cgroup that ran out is the one the kernel used. A reprinted victim is a group kill even
+        when nothing is known of the cgroups (then its own cgroup is the closest guess)."""
+        victim = b.kills[0]
+        within = b.summary.oom_cgroup if b.summary is not None else None
+        if within == "/":
+            within = None
+        group = self._view.oom_group_cgroup(victim.cgroup, within) if victim.cgroup else None
+        if group is None and reprinted:
+            group = victim.cgroup
+        if group is not None or reprinted:
+            b.group, b.group_inferred = group, True
 
     def _on_group(self, line: OomGroup, record: KmsgRecord) -> None:
         b = self._open
@@ -232,13 +316,13 @@ class Correlator:
             return
         # A second group line: the kill just before it was the next incident's victim (its header and
         # summary were ratelimited away).
-        moved = b.kills.pop() if (b.last_was_new_kill and len(b.kills) > 1) else None
+        moved = b.pop() if (b.last_was_new_kill and len(b.kills) > 1) else None
         self._finish()
         nb = self._open = _Builder(first_seq=moved.seq if moved else record.seq, group=line.cgroup)
         if moved is not None:
             if moved.cgroup is None or not is_within(moved.cgroup, line.cgroup):
-                moved.cgroup = self._cgroup_of_pid(moved.line.pid)
-            nb.kills.append(moved)
+                moved.cgroup = self._view.cgroup_of_pid(moved.line.pid)
+            nb.add(moved)
 
     def _on_exiting(self, line: OomAlreadyExiting, when: float) -> None:
         note = {"pid": line.pid, "comm": line.comm}
@@ -246,7 +330,7 @@ class Correlator:
         # doomed the process, i.e. the incident in progress or the one just finished.
         b = self._open
         if b is not None and b.kills:
-            if line.pid not in b.pids() and note not in b.exiting:
+            if line.pid not in b.pid_set and note not in b.exiting:
                 b.exiting.append(note)
             return
         if self._held is not None:
@@ -284,7 +368,9 @@ class Correlator:
         first = b.kills[0]
         if first.cgroup is None and b.group is None:
             # Built once the log went quiet: by now inotify has reported the cgroup that counted the kill.
-            first.cgroup = self._victim_cgroup_hint(b.summary.oom_cgroup if b.summary else None)
+            first.cgroup = self._view.victim_cgroup_hint(b.summary.oom_cgroup if b.summary else None, first.time)
+        if b.group is None and first.cgroup is not None:
+            self._infer_group(b, reprinted=False)  # the listing's lines were lost with the `Tasks in` line
         oom_kind = first.line.oom_kind
         if b.summary is not None:
             constraint = b.summary.constraint
@@ -297,7 +383,7 @@ class Correlator:
         elif constraint != "memcg":
             oom_cgroup = "/"
         else:
-            oom_cgroup = self._oom_cgroup_hint(first.cgroup or b.group)
+            oom_cgroup = self._view.oom_cgroup_hint(first.cgroup or b.group, first.time)
         killed = tuple(self._process(k, b.group) for k in b.kills)
         victim = killed[0]
         trigger = None
@@ -319,7 +405,7 @@ class Correlator:
             time=first.time,
             boot_id=self.boot_id,
             kernel_seq=b.summary_seq if b.summary_seq is not None else first.seq,
-            kind="group" if b.group is not None else "single",
+            kind="group" if b.group is not None or b.group_inferred else "single",
             constraint=constraint,
             scope=self._scope_of(victim.cgroup, oom_cgroup, constraint),
             oom_cgroup=oom_cgroup,
@@ -334,8 +420,19 @@ class Correlator:
             exiting=tuple(b.exiting),
             workloads=tuple(workloads),
             live=self._live,
+            kill_lines=self._kill_lines(killed, b.reprints),
+            group_inferred=b.group_inferred,
         )
         return replace(incident, explanation=self._explain(incident))
+
+    @staticmethod
+    def _kill_lines(killed: tuple[KilledProcess, ...], reprints: int) -> tuple[tuple[str, int], ...]:
+        """`Killed process` lines per cgroup as memory.events `oom_kill` counts them: the victim's reprint
+        counts again in its cgroup."""
+        lines: Counter[str] = Counter(p.cgroup or "" for p in killed)
+        if reprints:
+            lines[killed[0].cgroup or ""] += reprints
+        return tuple(sorted(lines.items()))
 
     @staticmethod
     def _process(kill: _Kill, group: Optional[str]) -> KilledProcess:

@@ -44,7 +44,26 @@ def explain(incident: Incident, single_process_oom_kill: str = "unknown") -> str
     return sentence
 
 
+def _counted(incident: Incident) -> str:
+    """A kill the kernel counted in memory.events while no log record still describes it."""
+    from oomwatch.timefmt import iso8601
+
+    who = incident.workload.display_name() or incident.group_cgroup or "a cgroup"
+    window = ""
+    if incident.window_start is not None:
+        window = f" between {iso8601(incident.window_start)} and {iso8601(incident.time)}"
+    if incident.kind == "group":
+        what = (f"{who}: the kernel group-killed its processes{window} (memory.events oom_group_kill moved, "
+                "memory.oom.group=1)")
+    else:
+        what = f"{who}: the kernel OOM-killed a process{window} (memory.events oom_kill moved)"
+    return (what + "; the kernel log no longer describes this kill (its records were overwritten before "
+            "they could be read, or the agent was not running), so which processes died is unknown.")
+
+
 def _explain(incident: Incident, single_process_oom_kill: str) -> str:
+    if incident.evidence == "memory.events":
+        return _counted(incident)
     w = incident.workload
     victim = incident.victim
     who = w.display_name() if w.cgroup or w.pod else (victim.cgroup or "an unknown cgroup")

@@ -248,7 +248,7 @@ class Incident:
     group_cgroup: Optional[str]
     trigger: Optional[dict[str, Any]]
     memory: Optional[dict[str, int]]
-    victim: KilledProcess
+    victim: Optional[KilledProcess]  # None only for kills counted from memory.events
     killed: tuple[KilledProcess, ...]
     workload: Workload
     explanation: str
@@ -262,6 +262,10 @@ class Incident:
     evidence: str = "kmsg"
     window_start: Optional[float] = None
     live: bool = True  # read from the live kernel log: latency means something (not for saved logs)
+    kill_lines: tuple[tuple[str, int], ...] = ()  # `Killed process` lines per cgroup (memory.events oom_kill)
+    group_inferred: bool = False  # group kill told from memory.oom.group: its `Tasks in` line was lost
+    # evidence "memory.events": (cgroup, inode, counter name, counter value reached): its identity
+    counted_in: Optional[tuple[str, int, str, int]] = None
 
     @property
     def collateral(self) -> tuple[KilledProcess, ...]:
@@ -274,11 +278,15 @@ class Incident:
         return max(0.0, self.detected_at - self.time)
 
     @property
-    def key(self) -> tuple[str, float, int]:
+    def key(self) -> tuple:
         """Identity across restarts: the boot, the record's sequence number (its time in a saved log without
-        sequence numbers, where a pid may come back) and the victim."""
+        sequence numbers, where a pid may come back) and the victim; for a kill counted from memory.events,
+        the cgroup, its inode and the counter value that counted it."""
+        if self.counted_in is not None:
+            cgroup, ino, counter, value = self.counted_in
+            return (self.boot_id, f"{counter}@{cgroup}#{ino}", value)
         return (self.boot_id, self.kernel_seq if self.kernel_seq is not None else round(self.time, 6),
-                self.victim.pid)
+                self.victim.pid if self.victim is not None else 0)
 
     def to_json(self) -> dict[str, Any]:
         from oomwatch.timefmt import iso8601
@@ -294,7 +302,7 @@ class Incident:
             "group_cgroup": self.group_cgroup,
             "trigger": self.trigger,
             "memory": self.memory,
-            "victim": self.victim.to_json(),
+            "victim": self.victim.to_json() if self.victim is not None else None,
             "killed": [p.to_json() for p in self.killed],
             "workload": self.workload.to_json(),
             "explanation": self.explanation,
@@ -304,8 +312,28 @@ class Incident:
         }
         if self.window_start is not None:
             out["window_start"] = iso8601(self.window_start)
+        if self.counted_in is not None:
+            cgroup, ino, counter, value = self.counted_in
+            out["counted_in"] = {"cgroup": cgroup, "inode": ino, "counter": counter, "value": value}
         if self.exiting:
             out["exiting"] = list(self.exiting)
         if self.died_with:
             out["died_with"] = list(self.died_with)
         return out
+
+
+def incident_key_of_json(data: dict[str, Any]) -> Optional[tuple]:
+    """`Incident.key` of an incident as written in JSON (the events file), or None if it is not one."""
+    try:
+        counted = data.get("counted_in")
+        if counted is not None:
+            return (data["boot_id"], f"{counted['counter']}@{counted['cgroup']}#{counted['inode']}", counted["value"])
+        seq = data.get("kernel_seq")
+        if seq is None:
+            from oomwatch.timefmt import parse_iso8601
+
+            seq = round(parse_iso8601(data["time"]), 6)
+        victim = data.get("victim") or {}
+        return (data["boot_id"], seq, victim.get("pid", 0))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None

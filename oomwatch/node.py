@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from oomwatch.config import Config
-from oomwatch.correlator import Correlator
+from oomwatch.correlator import BlindView, Correlator, NodeView
 from oomwatch.explain import explain
 from oomwatch.model import CgroupStats, Workload
 from oomwatch.sinks.collector import NodeInfo
@@ -64,19 +64,29 @@ class NodePosture:
                         single_process_oom_kill=self.single_process_oom_kill())
 
 
+class PidView(BlindView):
+    """A view that knows only where some pids were (inspect on a live node, tests)."""
+
+    def __init__(self, cgroup_of_pid: Callable[[int], Optional[str]]) -> None:
+        self._cgroup_of_pid = cgroup_of_pid
+
+    def cgroup_of_pid(self, pid: int) -> Optional[str]:
+        return self._cgroup_of_pid(pid)
+
+
 def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolver,
-                    posture_single: Callable[[], str], cgroup_of_pid=lambda pid: None,
-                    oom_cgroup_hint=lambda cg: None, victim_cgroup_hint=lambda cg: None,
+                    posture_single: Callable[[], str], view: Optional[NodeView] = None,
+                    cgroup_of_pid: Optional[Callable[[int], Optional[str]]] = None,
                     clock: Callable[[], float] = time.time, live: bool = True) -> Correlator:
+    if view is None:
+        view = PidView(cgroup_of_pid) if cgroup_of_pid is not None else BlindView()
     return Correlator(
         boot_id=boot_id,
         boot_time=boot_time,
         resolve_workload=resolver.resolve,
         scope_of=scope_of,
         explain=lambda incident: explain(incident, posture_single()),
-        cgroup_of_pid=cgroup_of_pid,
-        oom_cgroup_hint=oom_cgroup_hint,
-        victim_cgroup_hint=victim_cgroup_hint,
+        view=view,
         detected_clock=clock,
         live=live,
     )

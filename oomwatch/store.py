@@ -1,13 +1,17 @@
 """What the agent has learnt: counters per workload, node counters, recent incidents, the kernel-log cursor.
 
-One lock; sinks only ever see `snapshot()`, an immutable copy. `save()` writes the state file atomically
-(write a temp file, fsync, rename) so a crash leaves the old or the new state, never half of one.
+One lock; sinks only ever see `snapshot()`, an immutable copy. `StateFile` writes the state atomically (write a
+temp file, fsync, rename) so a crash leaves the old or the new state, never half of one; it holds an flock on the
+directory so a second agent cannot share it; every field is validated when read back, and a file that fails is
+moved aside (kept, never overwritten) before the agent starts fresh.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import math
 import os
 import tempfile
 import threading
@@ -20,7 +24,7 @@ from oomwatch.model import Incident
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 KINDS = ("single", "group")
 ROLES = ("victim", "collateral")
 SCOPES = ("container", "pod", "node", "cgroup")
@@ -47,6 +51,9 @@ class Snapshot:
     kmsg_records: int
     kmsg_lost: int
     kmsg_parse_errors: int
+    kmsg_rejected: int
+    counted_from_events: int
+    state_errors: int
     latency_buckets: tuple[int, ...]
     latency_count: int
     latency_sum: float
@@ -67,7 +74,9 @@ class Store:
         self._incidents: deque[dict[str, Any]] = deque(maxlen=max_incidents)
         self._keys: deque[list] = deque(maxlen=max(10_000, max_incidents))
         self._key_set: set[tuple] = set()
-        self._kmsg = {"records": 0, "lost": 0, "parse_errors": 0}
+        self._kmsg = {"records": 0, "lost": 0, "parse_errors": 0, "rejected": 0}
+        self._counted_from_events = 0  # incidents the kernel counted and no log record described
+        self._state_errors = 0  # state saves that failed (disk full, read-only)
         self._buckets = [0] * len(LATENCY_BUCKETS)
         self._lat_count = 0
         self._lat_sum = 0.0
@@ -85,6 +94,9 @@ class Store:
                 return False
             self._remember_key(key)
             by_labels: dict[Labels, list[str]] = {}
+            if not incident.killed:  # counted from memory.events: the workloads are known, the pids not
+                for workload in incident.workloads or (incident.workload,):
+                    by_labels.setdefault(workload.metric_labels(), [])
             for proc, role in zip(incident.killed, ["victim"] + ["collateral"] * len(incident.collateral)):
                 workload = next((w for w in incident.workloads if proc.cgroup and w.cgroup and
                                  (proc.cgroup == w.cgroup or proc.cgroup.startswith(w.cgroup.rstrip("/") + "/"))),
@@ -100,8 +112,10 @@ class Store:
                     counters.gone_since = self._clock()  # an incident keeps a gone workload visible a while
             self._node_kills[(incident.kind, incident.scope)] += 1
             self._incidents.append(incident.to_json())
-            if observe_latency:
-                latency = incident.latency_seconds
+            if incident.evidence != "kmsg":
+                self._counted_from_events += 1
+            latency = incident.latency_seconds
+            if observe_latency and latency is not None:
                 self._lat_count += 1
                 self._lat_sum += latency
                 for i, bound in enumerate(LATENCY_BUCKETS):
@@ -144,11 +158,16 @@ class Store:
                 del self._workloads[labels]
             return len(dead)
 
-    def count_kmsg(self, records: int = 0, lost: int = 0, parse_errors: int = 0) -> None:
+    def count_kmsg(self, records: int = 0, lost: int = 0, parse_errors: int = 0, rejected: int = 0) -> None:
         with self._lock:
             self._kmsg["records"] += records
             self._kmsg["lost"] += lost
             self._kmsg["parse_errors"] += parse_errors
+            self._kmsg["rejected"] += rejected
+
+    def count_state_error(self) -> None:
+        with self._lock:
+            self._state_errors += 1
 
     def set_cursor(self, boot_id: str, seq: Optional[int], source: str = "kmsg") -> None:
         with self._lock:
@@ -166,6 +185,9 @@ class Store:
                 kmsg_records=self._kmsg["records"],
                 kmsg_lost=self._kmsg["lost"],
                 kmsg_parse_errors=self._kmsg["parse_errors"],
+                kmsg_rejected=self._kmsg["rejected"],
+                counted_from_events=self._counted_from_events,
+                state_errors=self._state_errors,
                 latency_buckets=tuple(self._buckets),
                 latency_count=self._lat_count,
                 latency_sum=self._lat_sum,
@@ -186,46 +208,58 @@ class Store:
                 "incidents": list(self._incidents),
                 "keys": list(self._keys),
                 "kmsg": dict(self._kmsg),
+                "counted_from_events": self._counted_from_events,
                 "latency": {"buckets": self._buckets, "count": self._lat_count, "sum": self._lat_sum},
             }
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore a saved state. Raises StateError when it does not look like ours."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise StateError(f"unknown state version {state.get('version') if isinstance(state, dict) else state!r}")
-        try:
-            workloads = {}
-            for entry in state["workloads"]:
-                labels = tuple(str(x) for x in entry["labels"])
-                if len(labels) != 4:
-                    raise StateError("bad workload labels")
-                c = WorkloadCounters()
-                c.kills.update({k: int(v) for k, v in entry["kills"].items() if k in KINDS})
-                c.killed.update({k: int(v) for k, v in entry["killed"].items() if k in ROLES})
-                c.last_kill = entry.get("last_kill")
-                c.gone_since = entry.get("gone_since")
-                workloads[labels] = c
-            node = {(k, s): 0 for k in KINDS for s in SCOPES}
-            for kind, scope, n in state["node_kills"]:
-                if (kind, scope) in node:
-                    node[(kind, scope)] = int(n)
-            lat = state["latency"]
-            buckets = [int(x) for x in lat["buckets"]]
-            if len(buckets) != len(LATENCY_BUCKETS):
-                buckets = [0] * len(LATENCY_BUCKETS)
-            kmsg = {k: int(state["kmsg"].get(k, 0)) for k in ("records", "lost", "parse_errors")}
-            keys = [tuple(k) for k in state["keys"]]
-            incidents = [i for i in state["incidents"] if isinstance(i, dict)]
-            cursor = state["cursor_seq"]
-            boot_id = state["boot_id"]
-            cursor_source = str(state.get("cursor_source", "kmsg"))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"malformed state: {exc}") from exc
+    def load_state(self, state: Any) -> None:
+        """Restore a saved state. Raises StateError naming the first field that is not what we write."""
+        v = _Validator(state)
+        v.expect(v.get(state, "version") == STATE_VERSION, f"unknown state version {v.get(state, 'version')!r}")
+        workloads = {}
+        for entry in v.list(state, "workloads"):
+            labels = tuple(v.list(entry, "labels"))
+            v.expect(len(labels) == 4 and all(isinstance(x, str) and len(x) <= 4096 for x in labels),
+                     "workload labels")
+            c = WorkloadCounters()
+            c.kills.update(v.counts(entry, "kills", KINDS))
+            c.killed.update(v.counts(entry, "killed", ROLES))
+            c.last_kill = v.time(entry, "last_kill")
+            c.gone_since = v.time(entry, "gone_since")
+            workloads[labels] = c
+        node = {(k, s): 0 for k in KINDS for s in SCOPES}
+        for row in v.list(state, "node_kills"):
+            v.expect(isinstance(row, list) and len(row) == 3 and (row[0], row[1]) in node and _is_count(row[2]),
+                     f"node_kills row {row!r}")
+            node[(row[0], row[1])] = row[2]
+        lat = v.dict(state, "latency")
+        buckets = v.list(lat, "buckets")
+        v.expect(len(buckets) == len(LATENCY_BUCKETS) and all(_is_count(b) for b in buckets), "latency buckets")
+        v.expect(_is_count(lat.get("count")), "latency count")
+        v.expect(isinstance(lat.get("sum"), (int, float)) and math.isfinite(lat["sum"]) and lat["sum"] >= 0,
+                 "latency sum")
+        kmsg = v.counts(state, "kmsg", ("records", "lost", "parse_errors", "rejected"))
+        keys = []
+        for k in v.list(state, "keys"):
+            v.expect(isinstance(k, list) and len(k) == 3 and all(isinstance(x, (str, int, float)) for x in k),
+                     f"incident key {k!r}")
+            keys.append(tuple(k))
+        incidents = v.list(state, "incidents")
+        v.expect(all(isinstance(i, dict) for i in incidents), "incidents")
+        cursor = v.get(state, "cursor_seq")
+        v.expect(cursor is None or _is_count(cursor), f"cursor_seq {cursor!r}")
+        boot_id = v.get(state, "boot_id")
+        v.expect(boot_id is None or isinstance(boot_id, str), "boot_id")
+        cursor_source = v.get(state, "cursor_source")
+        v.expect(cursor_source in ("kmsg", "syslog"), f"cursor_source {cursor_source!r}")
+        counted = state.get("counted_from_events", 0)
+        v.expect(_is_count(counted), "counted_from_events")
         with self._lock:
             self._workloads = workloads
             self._node_kills = node
-            self._buckets, self._lat_count, self._lat_sum = buckets, int(lat["count"]), float(lat["sum"])
-            self._kmsg = kmsg
+            self._buckets, self._lat_count, self._lat_sum = list(buckets), lat["count"], float(lat["sum"])
+            self._kmsg = {k: kmsg.get(k, 0) for k in ("records", "lost", "parse_errors", "rejected")}
+            self._counted_from_events = counted
             self._incidents.clear()
             self._incidents.extend(incidents)
             self._keys.clear()
@@ -235,47 +269,159 @@ class Store:
             self.boot_id, self.cursor_seq, self.cursor_source = boot_id, cursor, cursor_source
 
 
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 63
+
+
+class _Validator:
+    """Checks a state read back from disk, field by field; the first defect raises StateError naming it."""
+
+    def __init__(self, state: Any) -> None:
+        if not isinstance(state, dict):
+            raise StateError(f"state is {type(state).__name__}, not an object")
+
+    @staticmethod
+    def expect(ok: bool, what: str) -> None:
+        if not ok:
+            raise StateError(f"bad {what}")
+
+    @staticmethod
+    def get(d: Any, key: str) -> Any:
+        if not isinstance(d, dict) or key not in d:
+            raise StateError(f"missing {key}")
+        return d[key]
+
+    def list(self, d: Any, key: str) -> list:
+        value = self.get(d, key)
+        self.expect(isinstance(value, list), f"{key} (not a list)")
+        return value
+
+    def dict(self, d: Any, key: str) -> dict:
+        value = self.get(d, key)
+        self.expect(isinstance(value, dict), f"{key} (not an object)")
+        return value
+
+    def counts(self, d: Any, key: str, names: tuple[str, ...]) -> dict[str, int]:
+        value = self.dict(d, key)
+        out = {}
+        for name, n in value.items():
+            self.expect(name in names and _is_count(n), f"{key}.{name} = {n!r}")
+            out[name] = n
+        return out
+
+    def time(self, d: Any, key: str) -> Optional[float]:
+        value = d.get(key) if isinstance(d, dict) else None
+        self.expect(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and math.isfinite(value) and 0 <= value < 1e11), f"{key} = {value!r}")
+        return None if value is None else float(value)
+
+
 STATE_FILE = "state.json"
+LOCK_FILE = ".lock"
+
+
+class StateLocked(Exception):
+    """Another agent holds the state directory."""
+
+
+class StateFile:
+    """The agent's state directory: `state.json` (the store, the reconciler's accounts and the cursor, in
+    one atomic write) and an flock that keeps a second agent out."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.dir = state_dir
+        self.path = os.path.join(state_dir, STATE_FILE)
+        self._lock_fd: Optional[int] = None
+        self.loaded = False  # a start that did not load (or find nothing) never writes over the file
+
+    def lock(self) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        fd = os.open(os.path.join(self.dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StateLocked(f"{self.dir} is in use by another oomwatch agent (flock on {LOCK_FILE}); "
+                              "give each agent its own --state-dir") from None
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def load(self, store: Store, boot_id: str) -> tuple[str, dict]:
+        """Restore `store`; returns (what happened, the extra sections). "restored", "none", "new boot"
+        (another boot's counters and cursor are not ours to continue) or "corrupt: …" (the file is moved
+        aside, kept, and the agent starts fresh: never a crash loop)."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read(64 << 20)
+            state = json.loads(data)
+            Store().load_state(state)  # validate everything before touching the live store
+            extra = _validated_extra(state)
+        except FileNotFoundError:
+            self.loaded = True
+            return "none", {}
+        except (OSError, ValueError, StateError, RecursionError) as exc:
+            aside = f"{self.path}.corrupt-{int(time.time())}"
+            try:
+                os.replace(self.path, aside)
+            except OSError as move_exc:
+                # Could not move it aside: refuse to write over it either.
+                return f"corrupt ({exc}); could not move it aside ({move_exc}); state will not be saved", {}
+            self.loaded = True
+            return f"corrupt ({exc}); moved to {aside}; starting fresh", {}
+        self.loaded = True
+        if state.get("boot_id") != boot_id:
+            return "new boot", {}
+        store.load_state(state)
+        return "restored", extra
+
+    def save(self, store: Store, extra: dict) -> None:
+        """Write atomically. Raises OSError naming the file when the disk refuses (full, read-only)."""
+        if not self.loaded:
+            raise OSError(f"{self.path}: not written (it could not be read back at start, and is kept as it is)")
+        state = store.to_state()
+        state.update(extra)
+        data = json.dumps(state, separators=(",", ":"))
+        fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.dir)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if isinstance(exc, OSError) and not exc.filename:
+                raise OSError(exc.errno, f"{exc.strerror or exc} (writing {self.path})") from exc
+            raise
+
+
+def _validated_extra(state: dict) -> dict:
+    """The reconciler's accounts: {cgroup: {ino, first_seen, seen{}, kernel{}, since}}."""
+    accounts = state.get("accounts", {})
+    v = _Validator(state)
+    v.expect(isinstance(accounts, dict) and len(accounts) <= 1_000_000, "accounts")
+    for path, entry in accounts.items():
+        v.expect(isinstance(path, str) and path.startswith("/") and len(path) <= 4096, f"account path {path!r}")
+        v.expect(isinstance(entry, dict) and _is_count(entry.get("ino")), f"account {path}")
+        v.time(entry, "first_seen")
+        v.time(entry, "since")
+        v.expect(entry.get("first_seen") is not None and entry.get("since") is not None, f"account {path} times")
+        for section in ("seen", "kernel"):
+            v.counts(entry, section, ("oom_kill", "oom_group_kill"))
+            v.expect(set(entry[section]) == {"oom_kill", "oom_group_kill"}, f"account {path} {section}")
+    return {"accounts": accounts}
 
 
 def save_state(store: Store, state_dir: str) -> None:
+    """One-shot save (tests, tools): the agent keeps a StateFile."""
+    f = StateFile(state_dir)
+    f.loaded = True
     os.makedirs(state_dir, exist_ok=True)
-    data = json.dumps(store.to_state(), separators=(",", ":"))
-    fd, tmp = tempfile.mkstemp(prefix=".state-", dir=state_dir)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, os.path.join(state_dir, STATE_FILE))
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def load_state(store: Store, state_dir: str, boot_id: str) -> str:
-    """Restore `store` from `state_dir`. Returns what happened, for one log line: "restored", "none",
-    "new boot" (the counters and cursor of another boot are not ours to continue) or "corrupt: …"
-    (the file is moved aside and the agent starts fresh: never a crash loop)."""
-    path = os.path.join(state_dir, STATE_FILE)
-    try:
-        with open(path) as f:
-            state = json.load(f)
-        probe = Store()
-        probe.load_state(state)
-    except FileNotFoundError:
-        return "none"
-    except (OSError, ValueError, StateError) as exc:
-        aside = f"{path}.corrupt-{int(time.time())}"
-        try:
-            os.replace(path, aside)
-        except OSError:
-            pass
-        return f"corrupt ({exc}); moved to {aside}; starting fresh"
-    if state.get("boot_id") != boot_id:
-        return "new boot"
-    store.load_state(state)
-    return "restored"
+    f.save(store, {})

@@ -134,7 +134,9 @@ def test_corrupt_state_is_reported_and_replaced_not_fatal(tmp_path: Path, caplog
             assert wait_for(lambda: len(incidents_of(agent)) == 4)
     assert any("corrupt" in r.getMessage() for r in caplog.records)
     assert list(state.glob("state.json.corrupt-*"))
-    assert json.loads((state / "state.json").read_text())["version"] == 1
+    from oomwatch.store import STATE_VERSION
+
+    assert json.loads((state / "state.json").read_text())["version"] == STATE_VERSION
 
 
 def test_missing_kmsg_keeps_cgroup_metrics_and_reports_unhealthy(tmp_path: Path) -> None:
@@ -165,7 +167,8 @@ def test_live_cgroup_changes_are_seen_without_rescans(tmp_path: Path) -> None:
     tree = tmp_path / "cgroup"
     shutil.copytree(GOLDEN / "cgroup", tree)
     kmsg = SeqpacketKmsg()
-    config = agent_config(tmp_path, cgroup_root=str(tree), grace_period=0.0)
+    # The kill below is stamped 30 s after boot: boot 30 s ago, so hints and kill are dated alike.
+    config = agent_config(tmp_path, cgroup_root=str(tree), grace_period=0.0, boot_time=time.time() - 30.0)
     with running_agent(config, kmsg_factory=kmsg.factory) as agent:
         # A cgroup appears with its files already there, as mkdir on cgroupfs does: build it aside, move it in.
         staging = tmp_path / "staging" / "jobs"
@@ -332,7 +335,8 @@ def test_a_ratelimited_kill_of_an_unseen_process_is_placed_by_memory_events(tmp_
     tree = tmp_path / "cgroup"
     shutil.copytree(GOLDEN / "cgroup", tree)
     kmsg = SeqpacketKmsg()
-    with running_agent(agent_config(tmp_path, cgroup_root=str(tree)), kmsg_factory=kmsg.factory) as agent:
+    config = agent_config(tmp_path, cgroup_root=str(tree), boot_time=time.time() - 9.0)  # the kill: 9 s after boot
+    with running_agent(config, kmsg_factory=kmsg.factory) as agent:
         (tree / "a" / "memory.events.local").write_text("max 60\noom 2\noom_kill 2\noom_group_kill 0\n")
         (tree / "a" / "memory.events").write_text("max 60\noom 2\noom_kill 2\noom_group_kill 0\n")
         assert wait_for(lambda: "/a" in agent._oom_kill_at)

@@ -15,6 +15,7 @@ from typing import BinaryIO, Iterator, Optional, Union
 
 from oomwatch.model import KmsgRecord
 from oomwatch.parse.kmsg import GARBLED, LOST_MARKER, KmsgParseError, parse_kmsg_record, parse_text_log
+from oomwatch.parse.prefilter import could_be_oom, record_seq
 
 READ_SIZE = 8192  # one read returns one record; the kernel caps a record well below this
 
@@ -27,13 +28,22 @@ class Lost:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """`count` records that cannot be part of an OOM report were read and not parsed; `last_seq` is the
+    sequence number of the last (the cursor may move past them)."""
+
+    count: int
+    last_seq: Optional[int]
+
+
+@dataclass(frozen=True)
 class Garbled:
     """A record that did not parse (counted, never fatal)."""
 
     raw: bytes
 
 
-KmsgItem = Union[KmsgRecord, Lost, Garbled]
+KmsgItem = Union[KmsgRecord, Lost, Garbled, Skipped]
 
 
 class KmsgUnavailable(Exception):
@@ -62,10 +72,11 @@ class LiveKmsg:
     """/dev/kmsg, read non-blocking. Each read() returns one record; EPIPE means records were overwritten
     before we read them, and the next read continues with the oldest record still there."""
 
-    def __init__(self, path: str = "/dev/kmsg") -> None:
+    def __init__(self, path: str = "/dev/kmsg", prefilter: bool = False) -> None:
         self.path = path
         self.fd: Optional[int] = None
         self._last_seq: Optional[int] = None
+        self.prefilter = prefilter  # records that cannot be OOM lines come out as Skipped counts, unparsed
 
     def open(self, after_seq: Optional[int] = None) -> None:
         """Open; with `after_seq`, records up to it are skipped and a gap after it is reported as lost."""
@@ -80,14 +91,15 @@ class LiveKmsg:
             os.close(self.fd)
             self.fd = None
 
-    def read_available(self) -> Iterator[KmsgItem]:
-        """Every record available now; returns when a read would block."""
+    def read_available(self, limit: int = 1 << 62) -> Iterator[KmsgItem]:
+        """Every record available now (at most `limit`); returns when a read would block."""
         assert self.fd is not None
-        while True:
+        skipped = 0
+        for _ in range(limit):
             try:
                 raw = os.read(self.fd, READ_SIZE)
             except BlockingIOError:
-                return
+                break
             except BrokenPipeError:
                 # The gap is measured from the sequence numbers of the next record we get.
                 continue
@@ -97,7 +109,24 @@ class LiveKmsg:
                     continue
                 raise
             if not raw:
-                return
+                break
+            if self.prefilter and not could_be_oom(raw):
+                seq = record_seq(raw)
+                if seq is not None:
+                    if self._last_seq is not None:
+                        if seq <= self._last_seq:
+                            continue  # already processed before a restart
+                        if seq > self._last_seq + 1:
+                            if skipped:
+                                yield Skipped(skipped, self._last_seq)
+                                skipped = 0
+                            yield Lost(seq - self._last_seq - 1)
+                    self._last_seq = seq
+                    skipped += 1
+                    continue
+            if skipped:
+                yield Skipped(skipped, self._last_seq)
+                skipped = 0
             try:
                 record = parse_kmsg_record(raw)
             except KmsgParseError:
@@ -110,6 +139,8 @@ class LiveKmsg:
                     yield Lost(record.seq - self._last_seq - 1)
             self._last_seq = record.seq
             yield record
+        if skipped:
+            yield Skipped(skipped, self._last_seq)
 
     def wait(self, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
         """Block until a record is readable (True), the timeout passes or `wake_fd` becomes readable."""

@@ -1,0 +1,31 @@
+"""A bytes-level test of whether a raw /dev/kmsg record can be part of an OOM report.
+
+About four in five records of an OOM storm are not OOM lines (stack traces, registers, meminfo, the task
+table); decoding and parsing them costs most of a reader's time. `could_be_oom(raw)` is one regex search over
+the bytes; only records that pass are parsed (oomwatch.parse.kmsg) and matched (oomwatch.parse.oom). It must
+never reject a line `parse_oom_line` would accept: tests/test_prefilter.py checks that on every captured record.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+# Every OOM line parse_oom_line knows contains one of these (oom-killer, oom-kill:, memory.oom.group,
+# oom_kill_process: N callbacks suppressed contain "oom"; the kill/victim/selection lines the rest).
+_OOM_WORDS = re.compile(rb"oom|Killed process|Kill process|OOM victim|Out of memory|memory: usage|Task in |"
+                        rb"callbacks suppressed|CPU: \d+ (?:UID: \d+ )?PID:")
+
+
+def could_be_oom(raw: bytes) -> bool:
+    """Whether the record's text (after the `;`) may be an OOM line."""
+    text_at = raw.find(b";")
+    return text_at >= 0 and _OOM_WORDS.search(raw, text_at + 1) is not None
+
+
+def record_seq(raw: bytes) -> Optional[int]:
+    """The sequence number of a raw record (`PRI,SEQ,USEC,FLAGS;text`) without parsing the rest."""
+    parts = raw.split(b",", 2)
+    if len(parts) < 3 or not parts[1].isdigit() or len(parts[1]) > 19:
+        return None
+    return int(parts[1])

@@ -1,0 +1,73 @@
+"""The proc connector's witness: processes that died by SIGKILL in a group cgroup without a kernel line.
+
+When a group kill reaches a container's PID 1, the kernel tears the pid namespace down and the other
+processes die unlogged (docs/kernel-facts.md). A group kill therefore waits `wait` seconds for their exit
+events before it is published, and whatever follows it waits its turn: incidents go out in kernel order.
+Owned by the kernel-log processor thread; the proc connector thread only appends exits (a deque append is
+atomic).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import replace
+from typing import Callable, Optional
+
+from oomwatch.correlator import is_within
+from oomwatch.model import Incident
+
+SIGKILL = 9
+WITNESS_SECONDS = 0.5
+
+
+class WitnessQueue:
+    def __init__(self, explain: Callable[[Incident], str], wait: float = WITNESS_SECONDS,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._explain = explain
+        self.wait = wait
+        self._monotonic = monotonic
+        self._sigkilled: deque[tuple[int, Optional[str], float]] = deque(maxlen=10_000)
+        self._awaiting: deque[tuple[float, Incident]] = deque()
+
+    def exited(self, pid: int, cgroup: Optional[str], when: float) -> None:
+        """A process died by SIGKILL; `cgroup` is where it was last seen alive."""
+        self._sigkilled.append((pid, cgroup, when))
+
+    def add(self, incidents: list[Incident]) -> None:
+        now = self._monotonic()
+        for incident in incidents:
+            self._awaiting.append((now + (self.wait if incident.kind == "group" and incident.killed else 0.0),
+                                   incident))
+
+    def due(self, everything: bool = False) -> list[Incident]:
+        """The incidents whose wait is over, in order (the first holds the rest back)."""
+        now = self._monotonic()
+        out = []
+        while self._awaiting and (everything or self._awaiting[0][0] <= now):
+            out.append(self._with_witnesses(self._awaiting.popleft()[1]))
+        return out
+
+    def timeout(self) -> Optional[float]:
+        if not self._awaiting:
+            return None
+        return max(0.0, self._awaiting[0][0] - self._monotonic())
+
+    def pending_since_seq(self) -> Optional[int]:
+        seqs = [i.kernel_seq for _, i in self._awaiting if i.kernel_seq is not None]
+        return min(seqs) if seqs else None
+
+    def __len__(self) -> int:
+        return len(self._awaiting)
+
+    def _with_witnesses(self, incident: Incident) -> Incident:
+        if incident.kind != "group" or not incident.killed or not incident.group_cgroup:
+            return incident
+        known = {p.pid for p in incident.killed} | {p["pid"] for p in incident.exiting}
+        died = [{"pid": pid, "cgroup": cgroup, "signal": SIGKILL} for pid, cgroup, when in list(self._sigkilled)
+                if pid not in known and cgroup and is_within(cgroup, incident.group_cgroup)
+                and when >= incident.time - 2.0]
+        if not died:
+            return incident
+        incident = replace(incident, died_with=tuple(died))
+        return replace(incident, explanation=self._explain(incident))

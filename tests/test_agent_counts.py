@@ -1,0 +1,163 @@
+"""The real agent keeps the kernel's count: kills that no log record describes come from memory.events, once;
+state that is damaged or shared never crashes it or loses the file; the events file stays idempotent."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+from oomwatch.agent import Agent
+from oomwatch.store import STATE_VERSION, StateFile, StateLocked
+from tests.conftest import SeqpacketKmsg, base_url, http_get, incidents_of, running_agent, wait_for
+from tests.test_agent import GOLDEN, agent_config, events, upto
+
+K8S = Path(__file__).resolve().parent.parent / "fixtures" / "golden" / "k8s-runc"
+CONTAINER = "kubepods/burstable/pod0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f/4f2a9c1e7b3d5a6c8e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d"
+
+
+def k8s_config(tmp_path: Path, tree: Path, **kw):
+    return agent_config(tmp_path, cgroup_root=str(tree), proc=str(K8S / "proc"), run_root=str(K8S / "run"),
+                        kubelet_config=str(K8S / "kubelet" / "config.yaml"), **kw)
+
+
+def bump(tree: Path, kill: int, group: int) -> None:
+    text = f"low 0\nhigh 0\nmax 9\noom {group}\noom_kill {kill}\noom_group_kill {group}\n"
+    (tree / CONTAINER / "memory.events.local").write_text(text)
+    (tree / CONTAINER / "memory.events").write_text(text)
+
+
+def test_group_kills_whose_records_were_lost_are_counted_from_memory_events(tmp_path: Path) -> None:
+    tree = tmp_path / "cgroup"
+    shutil.copytree(K8S / "cgroup", tree)
+    bump(tree, 3, 1)  # one kill before the agent: not ours to count
+    kmsg = SeqpacketKmsg()
+    with running_agent(k8s_config(tmp_path, tree), kmsg_factory=kmsg.factory) as agent:
+        bump(tree, 9, 3)  # two group kills whose kernel log records were overwritten before being read
+        assert wait_for(lambda: len(incidents_of(agent)) == 2, timeout=15)
+        _, metrics = http_get(base_url(agent) + "/metrics")
+        incidents = incidents_of(agent)
+    assert {(i["kind"], i["evidence"], i["victim"], tuple(i["killed"])) for i in incidents} == \
+        {("group", "memory.events", None, ())}
+    assert all(i["workload"]["pod"] == "train-0" and i["workload"]["container"] == "trainer" for i in incidents)
+    assert all("no longer describes" in i["explanation"] for i in incidents)
+    assert (b'oomwatch_oom_kills_total{cgroup="",container="trainer",kind="group",namespace="ml",pod="train-0"} 2.0'
+            in metrics)
+    assert [e["evidence"] for e in events(tmp_path)] == ["memory.events"] * 2
+    # A restart neither repeats nor loses them.
+    with running_agent(k8s_config(tmp_path, tree), kmsg_factory=SeqpacketKmsg().factory) as agent:
+        bump(tree, 12, 4)  # and one more while it runs
+        assert wait_for(lambda: len(incidents_of(agent)) == 3, timeout=15)
+    assert len(events(tmp_path)) == 3
+
+
+def test_kills_while_the_agent_was_down_are_counted_at_start(tmp_path: Path) -> None:
+    tree = tmp_path / "cgroup"
+    shutil.copytree(K8S / "cgroup", tree)
+    with running_agent(k8s_config(tmp_path, tree), kmsg_factory=SeqpacketKmsg().factory) as agent:
+        assert wait_for(lambda: agent.store.cursor_seq is None and agent.reconciler.accounts)
+    bump(tree, 6, 2)  # the agent is down; the ring wraps over the record
+    with running_agent(k8s_config(tmp_path, tree), kmsg_factory=SeqpacketKmsg().factory) as agent:
+        assert wait_for(lambda: len(incidents_of(agent)) == 1, timeout=15)
+        assert incidents_of(agent)[0]["evidence"] == "memory.events"
+
+
+def test_logged_kills_are_not_counted_again_from_memory_events(tmp_path: Path) -> None:
+    """The golden memcg capture's four incidents, with the same boot's memory.events: nothing is added."""
+    tree = tmp_path / "cgroup"
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    kmsg = SeqpacketKmsg()
+    with running_agent(agent_config(tmp_path, cgroup_root=str(tree), boot_time=None), kmsg_factory=kmsg.factory) \
+            as agent:
+        # Counters move as the kernel moved them for the four incidents, then the log arrives.
+        for path, text in {"a": "oom 1\noom_kill 1\noom_group_kill 0\n", "b": "oom 1\noom_kill 4\noom_group_kill 1\n"}.items():
+            (tree / path / "memory.events.local").write_text(text)
+        kmsg.send(upto(521))
+        assert wait_for(lambda: len(incidents_of(agent)) == 2)
+        assert wait_for(lambda: not agent.reconciler.pending(), timeout=5)
+    assert [e["evidence"] for e in events(tmp_path)] == ["kmsg", "kmsg"]
+
+
+def test_damaged_state_files_never_crash_the_agent_and_are_kept(tmp_path: Path) -> None:
+    damaged = [
+        {"version": STATE_VERSION, "workloads": [{"labels": ["", "", "", "/a"], "kills": [1]}]},
+        {"version": STATE_VERSION, "boot_id": "x", "cursor_seq": 1, "cursor_source": "kmsg",
+         "workloads": [{"labels": ["", "", "", "/a"], "kills": {"single": -5}, "killed": {}}],
+         "node_kills": [], "incidents": [], "keys": [], "kmsg": {}, "latency": {"buckets": [0] * 13, "count": 0,
+                                                                            "sum": 0}},
+        {"version": STATE_VERSION, "boot_id": "x", "cursor_seq": 1, "cursor_source": "kmsg",
+         "workloads": [{"labels": ["", "", "", "/a"], "kills": {}, "killed": {}, "last_kill": "yesterday"}],
+         "node_kills": [], "incidents": [], "keys": [], "kmsg": {}, "latency": {"buckets": [0] * 13, "count": 0,
+                                                                            "sum": 0}},
+        [1, 2, 3],
+        "null",
+    ]
+    for n, state in enumerate(damaged):
+        state_dir = tmp_path / f"s{n}"
+        state_dir.mkdir()
+        text = state if isinstance(state, str) else json.dumps(state)
+        (state_dir / "state.json").write_text(text)
+        with running_agent(agent_config(tmp_path, state_dir=str(state_dir)),
+                           kmsg_factory=SeqpacketKmsg().factory) as agent:
+            assert http_get(base_url(agent) + "/healthz")[0] == 200
+            assert http_get(base_url(agent) + "/metrics")[0] == 200
+        kept = list(state_dir.glob("state.json.corrupt-*"))
+        assert len(kept) == 1 and kept[0].read_text() == text, n
+        assert json.loads((state_dir / "state.json").read_text())["version"] == STATE_VERSION
+
+
+def test_a_second_agent_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
+    first = StateFile(str(tmp_path / "state"))
+    first.lock()
+    try:
+        agent = Agent(agent_config(tmp_path), kmsg_factory=SeqpacketKmsg().factory)
+        assert agent.run_until_signalled() == 2
+    finally:
+        first.unlock()
+    second = StateFile(str(tmp_path / "state"))
+    second.lock()  # free again once the first is gone
+    second.unlock()
+    try:
+        StateFile(str(tmp_path / "state")).lock()
+        third = StateFile(str(tmp_path / "state"))
+        third.lock()
+        raise AssertionError("a second lock was granted")
+    except StateLocked as exc:
+        assert "another oomwatch agent" in str(exc)
+
+
+def test_events_file_is_idempotent_after_a_crash(tmp_path: Path) -> None:
+    """A SIGKILL between writing incidents and saving the cursor: the next start reads the same records again
+    and must not write them twice."""
+    kmsg = SeqpacketKmsg()
+    kmsg.send(upto(521))
+    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
+        assert wait_for(lambda: len(incidents_of(agent)) == 2)
+    (tmp_path / "state" / "state.json").unlink()  # as if the agent died before it could save
+    kmsg = SeqpacketKmsg()
+    kmsg.send(upto(521))
+    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
+        assert wait_for(lambda: len(incidents_of(agent)) == 2)
+    assert [e["victim"]["pid"] for e in events(tmp_path)] == [118, 125]
+
+
+def test_a_record_that_breaks_processing_is_skipped_and_counted(tmp_path: Path, monkeypatch) -> None:
+    from oomwatch import correlator as correlator_module
+
+    real = correlator_module.parse_oom_line
+    calls = threading.Lock()
+
+    def flaky(text):
+        if "Killed process 118" in text:
+            raise RuntimeError("boom")
+        return real(text)
+
+    monkeypatch.setattr(correlator_module, "parse_oom_line", flaky)
+    kmsg = SeqpacketKmsg()
+    kmsg.send(upto(521))
+    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
+        assert wait_for(lambda: len(incidents_of(agent)) == 1)
+        assert http_get(base_url(agent) + "/healthz")[0] == 200
+        assert agent.store.snapshot().kmsg_parse_errors >= 1
+    assert calls is not None
