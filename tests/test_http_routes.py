@@ -1,0 +1,95 @@
+"""The agent's routes through the new server: the same responses as before, keep-alive as Prometheus uses it,
+and OpenMetrics only when asked for, checked by prometheus_client's strict OpenMetrics parser."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from oomwatch.sinks.http import HttpSink, metrics_from_registry
+from tests.conftest import CAPTURES, SeqpacketKmsg, incidents_of, raw_records, running_agent, wait_for
+from tests.test_agent import agent_config
+
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
+                     "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+
+
+def test_agent_routes_keep_alive_and_openmetrics(tmp_path: Path) -> None:
+    kmsg = SeqpacketKmsg()
+    kmsg.send(raw_records(CAPTURES / "linux-6.1-memcg-scenarios.kmsg"))
+    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
+        assert wait_for(lambda: len(incidents_of(agent)) == 4)
+        conn = http.client.HTTPConnection(*agent.http.address, timeout=10)
+        answers = {}
+        for path, accept in (("/metrics", "text/plain;version=0.0.4"), ("/metrics", PROMETHEUS_ACCEPT),
+                             ("/healthz", ""), ("/incidents", ""), ("/", ""), ("/nothing", "")):
+            conn.request("GET", path, headers={"Accept": accept})
+            response = conn.getresponse()
+            answers[path, accept] = (response.status, response.getheader("Content-Type"), response.read())
+            assert not response.will_close  # one connection for all of them, as Prometheus keeps it
+        conn.close()
+    status, ctype, text = answers["/metrics", "text/plain;version=0.0.4"]
+    assert (status, ctype) == (200, "text/plain; version=0.0.4; charset=utf-8")
+    assert b'oomwatch_node_oom_kills_total{kind="group",scope="cgroup"} 3.0' in text
+    status, ctype, om = answers["/metrics", PROMETHEUS_ACCEPT]
+    assert status == 200 and ctype.startswith("application/openmetrics-text; version=1.0.0")
+    families = {f.name: f for f in text_string_to_metric_families(om.decode())}  # raises on invalid output
+    kills = [s for s in families["oomwatch_node_oom_kills"].samples if s.name == "oomwatch_node_oom_kills_total"]
+    assert sum(s.value for s in kills) == 4
+    assert answers["/healthz", ""][:2] == (200, "application/json")
+    assert json.loads(answers["/healthz", ""][2])["cgroups"] == "ok"
+    assert len(json.loads(answers["/incidents", ""][2])) == 4
+    assert answers["/", ""] == (200, "text/plain; charset=utf-8", b"oomwatch: /metrics /healthz /incidents\n")
+    assert answers["/nothing", ""] == (404, "text/plain; charset=utf-8", b"not found\n")
+
+
+def test_unhealthy_is_503_with_the_reason() -> None:
+    class Store:
+        def snapshot(self):
+            raise AssertionError("not needed")
+
+    sink = HttpSink("127.0.0.1:0", CollectorRegistry(), Store(), lambda: (False, {"kmsg": "not running"}))
+    sink.start()
+    try:
+        conn = http.client.HTTPConnection(*sink.address, timeout=5)
+        conn.request("GET", "/healthz")
+        response = conn.getresponse()
+        assert (response.status, response.read()) == (503, b'{"kmsg": "not running"}\n')
+    finally:
+        sink.stop()
+
+
+def test_metrics_from_registry_negotiates_like_prometheus_client() -> None:
+    registry = CollectorRegistry()
+    Counter("things", "Things.", registry=registry).inc()
+    body = metrics_from_registry(registry)
+    ctype, chunks = body("")
+    assert ctype == "text/plain; version=0.0.4; charset=utf-8"
+    assert b"things_total 1.0\n" in b"".join(chunks)
+    ctype, chunks = body("application/openmetrics-text; version=1.0.0")
+    assert ctype.startswith("application/openmetrics-text; version=1.0.0")
+    assert b"".join(chunks).endswith(b"# EOF\n")
+
+
+def test_ipv6_dual_stack_listen() -> None:
+    import socket
+
+    try:
+        sink = HttpSink("[::]:0", CollectorRegistry(), None, lambda: (True, {}))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 on this machine: {exc}")
+    sink.start()
+    try:
+        for host in ("::1", "127.0.0.1"):
+            conn = http.client.HTTPConnection(host, sink.address[1], timeout=5)
+            conn.request("GET", "/healthz")
+            assert conn.getresponse().status == 200
+            conn.close()
+        assert sink.server._listener.family == socket.AF_INET6
+    finally:
+        sink.stop()
