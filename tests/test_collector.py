@@ -120,7 +120,7 @@ def test_golden_trees_byte_identical_to_prometheus_client(case: Path, tmp_path: 
         assert content_type == CONTENT_TYPE
         # The golden file holds the same bytes (what the agent serves).
         assert body.decode() == (case / "expected-metrics.txt").read_text()
-        # A registry still works, and prometheus_client renders collect() to the same text.
+        # A registry still works: prometheus_client renders collect() to the same text.
         assert reference_text(ours) == body
 
 
@@ -175,6 +175,7 @@ def test_hostile_label_values_and_odd_numbers_match_prometheus_client() -> None:
 
     ours = OomwatchCollector(store, live, info, cgroup_parse_errors=lambda: 3)
     assert ours.exposition() == reference_text(ReferenceCollector(store, live, info, lambda: 3))
+    assert ours.exposition() == reference_text(ours)  # the registry path (collect()) agrees
     text = ours.exposition().decode()
     assert 'pod="we\\"ird"' in text and 'pod="p\\nq"' in text
     assert "oomwatch_cgroup_parse_errors_total 3.0" in text
@@ -226,7 +227,9 @@ def test_drop_series_leaves_out_pods_and_memory_events() -> None:
     def info():
         return NodeInfo("k", "2", "false")
     full = OomwatchCollector(store, live, info).exposition().decode()
-    slim = OomwatchCollector(store, live, info, drop=["pods", "memory-events"]).exposition().decode()
+    slim_collector = OomwatchCollector(store, live, info, drop=["pods", "memory-events"])
+    slim = slim_collector.exposition().decode()
+    assert reference_text(slim_collector).decode() == slim  # the registry path drops the same
     assert 'pod="pod"' in full and "oomwatch_memory_events_total" in full
     # both pod-level (container="")
     assert 'namespace="ns",pod="pod"' not in slim and 'pod="p\\nq"' not in slim

@@ -35,6 +35,17 @@ DROPPABLE = {
     "memory-events": "oomwatch_memory_events_total (the kernel's memory.events counters, 5 per workload)",
 }
 
+_GAUGES = (
+    ("oomwatch_memory_oom_group", "Current memory.oom.group of the workload cgroup (1: an OOM kill takes "
+     "every process).", "oom_group"),
+    ("oomwatch_memory_limit_bytes", "memory.max of the workload cgroup (+Inf when unlimited).",
+     "limit_bytes"),
+    ("oomwatch_memory_usage_bytes", "memory.current of the workload cgroup.", "usage_bytes"),
+    ("oomwatch_memory_peak_bytes", "memory.peak of the workload cgroup (kernel 5.19+).", "peak_bytes"),
+)
+_EVENTS_HELP = "The kernel's own memory.events counters of the workload cgroup (hierarchical)."
+_LATENCY_HELP = "Time from the kernel's kill to the incident being published."
+
 # Lines per chunk of the body: about 64 KiB of text.
 CHUNK_LINES = 512
 
@@ -185,15 +196,7 @@ class OomwatchCollector:
         live = sorted(((labels, stats) for labels, stats in self._live_workloads() if self._exported(labels)),
                       key=lambda item: item[0])
         texts = [self._labels(labels) for labels, _ in live]
-        for name, help_text, attr in (
-            ("oomwatch_memory_oom_group", "Current memory.oom.group of the workload cgroup (1: an OOM kill "
-             "takes every process).", "oom_group"),
-            ("oomwatch_memory_limit_bytes", "memory.max of the workload cgroup (+Inf when unlimited).",
-             "limit_bytes"),
-            ("oomwatch_memory_usage_bytes", "memory.current of the workload cgroup.", "usage_bytes"),
-            ("oomwatch_memory_peak_bytes", "memory.peak of the workload cgroup (kernel 5.19+).",
-             "peak_bytes"),
-        ):
+        for name, help_text, attr in _GAUGES:
             parts.append(_header(name, help_text, "gauge"))
             for text, (_, stats) in zip(texts, live):
                 value = getattr(stats, attr)
@@ -202,8 +205,7 @@ class OomwatchCollector:
                 if out.full():
                     yield out.take()
         if "memory-events" not in self.drop:
-            parts.append(_header("oomwatch_memory_events_total", "The kernel's own memory.events counters of "
-                                 "the workload cgroup (hierarchical).", "counter"))
+            parts.append(_header("oomwatch_memory_events_total", _EVENTS_HELP, "counter"))
             for text, (_, stats) in zip(texts, live):
                 events = stats.events
                 if events is not None:
@@ -235,6 +237,21 @@ class OomwatchCollector:
         lines.append(f'oomwatch_node_info{{cgroup_version="{escape_label_value(info.cgroup_version)}",'
                      f'kernel="{escape_label_value(info.kernel)}",'
                      f'single_process_oom_kill="{escape_label_value(info.single_process_oom_kill)}"}} 1.0\n')
+        for name, help_text, value in self._node_counters(snap):
+            lines.append(_header(name, help_text, "counter"))
+            lines.append(f"{name} {fmt(value)}\n")
+        lines.append(_header("oomwatch_detection_latency_seconds", _LATENCY_HELP, "histogram"))
+        # The store keeps cumulative (`le`) counts, as the exposition wants them.
+        for bound, n in zip(LATENCY_BUCKETS, snap.latency_buckets):
+            lines.append(f'oomwatch_detection_latency_seconds_bucket{{le="{_le(bound)}"}} {fmt(n)}\n')
+        lines.append(f'oomwatch_detection_latency_seconds_bucket{{le="+Inf"}} {fmt(snap.latency_count)}\n')
+        lines.append(f"oomwatch_detection_latency_seconds_count {fmt(snap.latency_count)}\n")
+        lines.append(f"oomwatch_detection_latency_seconds_sum {fmt(snap.latency_sum)}\n")
+        lines.append(_header("oomwatch_build_info", "oomwatch version.", "gauge"))
+        lines.append(f'oomwatch_build_info{{version="{escape_label_value(__version__)}"}} 1.0\n')
+        return lines
+
+    def _node_counters(self, snap: Snapshot) -> list[tuple[str, str, float]]:
         counters = [
             ("oomwatch_kmsg_records_total", "Kernel log records read.", snap.kmsg_records),
             ("oomwatch_kmsg_lost_records_total", "Kernel log records overwritten before oomwatch could read "
@@ -246,29 +263,68 @@ class OomwatchCollector:
             counters.append(("oomwatch_cgroup_parse_errors_total", "cgroup file values the kernel would not "
                              "print (negative, out of range, garbage), read as unknown.",
                              self._cgroup_parse_errors()))
-        for name, help_text, value in counters:
-            lines.append(_header(name, help_text, "counter"))
-            lines.append(f"{name} {fmt(value)}\n")
-        lines.append(_header("oomwatch_detection_latency_seconds", "Time from the kernel's kill to the "
-                             "incident being published.", "histogram"))
-        # The store keeps cumulative (`le`) counts, as the exposition wants them.
-        for bound, n in zip(LATENCY_BUCKETS, snap.latency_buckets):
-            lines.append(f'oomwatch_detection_latency_seconds_bucket{{le="{_le(bound)}"}} {fmt(n)}\n')
-        lines.append(f'oomwatch_detection_latency_seconds_bucket{{le="+Inf"}} {fmt(snap.latency_count)}\n')
-        lines.append(f"oomwatch_detection_latency_seconds_count {fmt(snap.latency_count)}\n")
-        lines.append(f"oomwatch_detection_latency_seconds_sum {fmt(snap.latency_sum)}\n")
-        lines.append(_header("oomwatch_build_info", "oomwatch version.", "gauge"))
-        lines.append(f'oomwatch_build_info{{version="{escape_label_value(__version__)}"}} 1.0\n')
-        return lines
+        return counters
 
     # --- prometheus_client --------------------------------------------------------------------------
 
     def collect(self) -> Iterator["Metric"]:
-        """The same metrics as prometheus_client families (a CollectorRegistry calls this): the exposition
-        read back by prometheus_client's own parser, so both can never disagree."""
-        from prometheus_client.parser import text_string_to_metric_families
+        """The same metrics as prometheus_client families, for a CollectorRegistry (slower than `metrics()`:
+        prometheus_client formats each series generically). tests/test_collector.py checks that
+        `generate_latest` of these is byte for byte the exposition."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        yield from text_string_to_metric_families(self.exposition().decode("utf-8"))
+        snap = self._store.snapshot()
+        kills = CounterMetricFamily("oomwatch_oom_kills", "OOM-kill incidents in which this workload lost at "
+                                    "least one process.", labels=IDENTITY + ["kind"])
+        killed = CounterMetricFamily("oomwatch_oom_killed_processes", "Processes killed by the OOM killer, "
+                                     "each pid once; role=collateral are those memory.oom.group took along.",
+                                     labels=IDENTITY + ["role"])
+        last = GaugeMetricFamily("oomwatch_last_oom_kill_timestamp_seconds", "Time of the last OOM-kill "
+                                 "incident of this workload.", labels=IDENTITY)
+        for labels, counters in sorted(snap.workloads.items()):
+            if not self._exported(labels):
+                continue
+            for kind in KINDS:
+                kills.add_metric([*labels, kind], counters.kills[kind])
+            for role in ROLES:
+                killed.add_metric([*labels, role], counters.killed[role])
+            if counters.last_kill is not None:
+                last.add_metric(list(labels), counters.last_kill)
+        yield from (kills, killed, last)
+        gauges = [GaugeMetricFamily(name, help_text, labels=IDENTITY) for name, help_text, _ in _GAUGES]
+        events = CounterMetricFamily("oomwatch_memory_events", _EVENTS_HELP, labels=IDENTITY + ["event"])
+        for labels, stats in sorted(self._live_workloads(), key=lambda item: item[0]):
+            if not self._exported(labels):
+                continue
+            for family, (_, _, attr) in zip(gauges, _GAUGES):
+                value = getattr(stats, attr)
+                if value is not None:
+                    family.add_metric(list(labels), value)
+            for name in EXPORTED_MEMORY_EVENTS:
+                if stats.events is not None and name in stats.events:
+                    events.add_metric([*labels, name], stats.events[name])
+        yield from gauges
+        if "memory-events" not in self.drop:
+            yield events
+        node = CounterMetricFamily("oomwatch_node_oom_kills", "OOM-kill incidents on this node.",
+                                   labels=["kind", "scope"])
+        for (kind, scope), n in sorted(snap.node_kills.items()):
+            node.add_metric([kind, scope], n)
+        yield node
+        info = self._node_info()
+        node_info = GaugeMetricFamily("oomwatch_node_info", "The node's OOM posture.",
+                                      labels=["kernel", "cgroup_version", "single_process_oom_kill"])
+        node_info.add_metric([info.kernel, info.cgroup_version, info.single_process_oom_kill], 1)
+        yield node_info
+        for name, help_text, value in self._node_counters(snap):
+            yield CounterMetricFamily(name[: -len("_total")], help_text, value=value)
+        buckets = [(_le(bound), n) for bound, n in zip(LATENCY_BUCKETS, snap.latency_buckets)]
+        buckets.append(("+Inf", snap.latency_count))
+        yield HistogramMetricFamily("oomwatch_detection_latency_seconds", _LATENCY_HELP, buckets=buckets,
+                                    sum_value=snap.latency_sum)
+        build = GaugeMetricFamily("oomwatch_build_info", "oomwatch version.", labels=["version"])
+        build.add_metric([__version__], 1)
+        yield build
 
 
 def _le(bound: float) -> str:
