@@ -6,6 +6,9 @@ hand; prometheus_client stays the reference here."""
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from oomwatch.model import CgroupStats, Incident, KilledProcess, Workload
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
 from oomwatch.sinks.collector import CONTENT_TYPE, NodeInfo, OomwatchCollector, format_value
 from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, Store
-from tests.conftest import DETECTED_AT, FIXTURES, running_agent, wait_for
+from tests.conftest import DETECTED_AT, FIXTURES, REPO, running_agent, wait_for
 from tests.test_golden import golden_config
 
 IDENTITY = ["namespace", "pod", "container", "cgroup"]
@@ -259,3 +262,22 @@ def test_series_per_workload() -> None:
     assert len(per_container) == len(per_pod) == 2 + 2 + 4 + 5  # kills, killed, 4 gauges, 5 events
     node_level = len(lines) - len(per_container) - len(per_pod)
     assert node_level == 8 + 1 + 3 + 16 + 1  # node kills, node_info, kmsg counters, histogram, build_info
+
+
+@pytest.mark.tools
+@pytest.mark.parametrize("case", GOLDEN, ids=[c.name for c in GOLDEN])
+def test_promtool_accepts_the_exposition(case: Path, tmp_path: Path) -> None:
+    """The real promtool (Debian's prometheus, installed by scripts/setup-deploy-tools) on what the collector
+    writes for a golden tree, with the cgroup parse-error counter and the hostile label values added."""
+    promtool = shutil.which("promtool", path=f"{REPO / '.cache/tools/bin'}:{os.environ.get('PATH', '')}")
+    assert promtool, "promtool missing: scripts/test installs Debian's prometheus package"
+    with running_agent(golden_config(case, tmp_path), clock=lambda: DETECTED_AT) as agent:
+        assert wait_for(lambda: agent.kmsg_alive), agent.kmsg_error
+        golden = OomwatchCollector(agent.store, agent.live_workloads, agent.posture.info,
+                                   cgroup_parse_errors=lambda: 2).exposition()
+    store = _store()
+    hostile = OomwatchCollector(store, lambda: [(labels, _stats(i)) for i, labels in enumerate(HOSTILE)],
+                                lambda: NodeInfo('6.1 "x"', "2", "unknown")).exposition()
+    for body in (golden, hostile):
+        result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
+        assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result

@@ -65,7 +65,8 @@ def test_current_and_peak_are_read_fresh_through_held_descriptors(tree: Path, mo
     assert cache.read("/a").usage_bytes == 1 << 20
     opened = []
     real_open = os.open
-    monkeypatch.setattr(statcache_module.os, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    monkeypatch.setattr(statcache_module.os, "open",
+                        lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
     rewrite(tree / "a/memory.current", "2097152\n")
     rewrite(tree / "a/memory.peak", "99999999\n")
     again = cache.read("/a")
@@ -73,7 +74,8 @@ def test_current_and_peak_are_read_fresh_through_held_descriptors(tree: Path, mo
     assert not [p for p in opened if p.endswith(("memory.current", "memory.peak"))]  # pread, no open
 
 
-def test_removed_cgroup_is_none_and_one_back_under_the_same_name_is_read_again(tree: Path, monkeypatch) -> None:
+def test_removed_cgroup_is_none_and_one_back_under_the_same_name_is_read_again(tree: Path,
+                                                                              monkeypatch) -> None:
     cache = StatCache(CgroupFS(str(tree)), max_open=100)
     assert cache.read("/b").limit_bytes == 64 << 20
     held = set(fd for fd in cache._entries["/b"].fds if fd is not None)
