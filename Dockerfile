@@ -1,13 +1,16 @@
 # syntax=docker/dockerfile:1
-# oomwatch node agent image:  docker build -t oomwatch/oomwatch:0.1.0 .
+# oomwatch node agent image, for those with a Docker engine and a registry to pull python:3.11 from:
+#   docker build -t REGISTRY/oomwatch:$(python3 -c 'import oomwatch; print(oomwatch.__version__)') .
+# scripts/build-image makes the image the tests run (docs/release.md): the same wheels, pinned by the same
+# constraints.txt, on Debian bookworm's python3 (3.11) from Debian packages instead of the python:3.11 image.
 #
-# Builder stage: builds the oomwatch wheel and the wheels of its dependencies.
+# Builder stage: builds the oomwatch wheel and the wheels of its dependencies at the tested versions.
 FROM python:3.11-slim-bookworm AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY oomwatch ./oomwatch
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --wheel-dir /wheels -c constraints.txt .
 
 # Runtime stage: the wheels installed into a slim Python, nothing else (no compiler, no source).
 FROM python:3.11-slim-bookworm

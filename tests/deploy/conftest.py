@@ -115,9 +115,13 @@ def kustomize_with_components(tmp_path: Path, *components: str) -> list[dict[str
     return kustomize(overlay)
 
 
+# The chart has no default image (none is published): every render names one, as a user must.
+HELM_IMAGE = "image.repository=registry.example/oomwatch"
+
+
 def helm_template(*sets: str, namespace: str = "oomwatch") -> list[dict[str, Any]]:
     args = [tool("helm"), "template", "oomwatch", str(CHART), "--namespace", namespace]
-    for s in sets:
+    for s in (HELM_IMAGE, *sets):
         args += ["--set", s]
     return load_all(run(args).stdout)
 

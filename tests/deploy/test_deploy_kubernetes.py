@@ -12,6 +12,7 @@ import pytest
 from .conftest import (
     AGENT_ENV,
     CHART,
+    HELM_IMAGE,
     HELM_VARIANTS,
     KUSTOMIZE_BASE,
     by_kind,
@@ -66,7 +67,7 @@ def test_kustomize_component_privileged_kmsg(tmp_path) -> None:
 @pytest.mark.parametrize("variant", list(HELM_VARIANTS))
 def test_helm_lint(variant: str, strict: bool) -> None:
     args = [tool("helm"), "lint", str(CHART)]
-    for s in HELM_VARIANTS[variant]:
+    for s in (HELM_IMAGE, *HELM_VARIANTS[variant]):
         args += ["--set", s]
     if strict:
         args.append("--strict")
@@ -83,8 +84,24 @@ def test_helm_defaults_leave_operator_objects_out(helm_renders) -> None:
 
 
 def test_helm_rejects_unknown_kube_api_mode() -> None:
-    out = run([tool("helm"), "template", "x", str(CHART), "--set", "kubeApi.mode=maybe"], check=False)
+    out = run([tool("helm"), "template", "x", str(CHART), "--set", HELM_IMAGE, "--set", "kubeApi.mode=maybe"],
+              check=False)
     assert out.returncode != 0 and "kubeApi.mode must be auto or off" in out.stderr
+
+
+def test_helm_without_an_image_says_how_to_set_one() -> None:
+    """No image is published, so the chart has no default: installing without one stops with the fix."""
+    out = run([tool("helm"), "template", "x", str(CHART)], check=False)
+    assert out.returncode != 0
+    assert "image.repository is not set" in out.stderr and "--set image.repository=REGISTRY/oomwatch" in out.stderr
+
+
+def test_kustomize_image_is_a_placeholder_that_cannot_pull(kustomize_base) -> None:
+    """The base names an image on the reserved .invalid domain (RFC 2606): it never pulls someone else's
+    image, and the pod's ErrImagePull shows the name, which says what to do."""
+    image = container(one(kustomize_base, "DaemonSet"))["image"]
+    host, _, rest = image.partition("/")
+    assert host.endswith(".invalid") and "set-image" in rest and "docs-release-md" in rest, image
 
 
 # --- schema validation -----------------------------------------------------------------------

@@ -127,3 +127,87 @@ def test_kustomize_prometheusrule_matches_rules_file(kustomize_base, promtool, t
 def test_helm_prometheusrule_matches_rules_file(helm_renders, promtool, tmp_path) -> None:
     assert not by_kind(helm_renders["defaults"], "PrometheusRule"), "PrometheusRule must be opt-in"
     _check_prometheusrule(one(helm_renders["monitoring"], "PrometheusRule"), promtool, tmp_path)
+
+
+# --- one alert per incident, a runbook per alert -----------------------------------------------------
+
+
+RUNBOOKS = RULES.parents[2] / "docs/runbooks"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to dashes."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+@pytest.mark.parametrize("alert", alerts(), ids=lambda a: a["alert"])
+def test_every_alert_has_a_runbook_in_the_repository(alert: dict[str, Any]) -> None:
+    url = alert["annotations"]["runbook_url"]
+    path, _, anchor = url.partition("#")
+    assert path.startswith("docs/runbooks/") and path.endswith(".md"), url
+    page = RULES.parents[2] / path
+    assert page.is_file(), f"{alert['alert']}: {path} does not exist"
+    text = page.read_text()
+    if anchor:
+        headings = [_anchor(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.M)]
+        assert anchor in headings, f"{url}: no heading with that anchor in {path}"
+    assert alert["alert"] in (RUNBOOKS / "README.md").read_text(), "docs/runbooks/README.md lists every alert"
+
+
+@pytest.mark.parametrize("page", ["group-oom-kill.md", "oom-kill.md"])
+def test_kill_runbooks_say_how_to_confirm_and_fix(page: str) -> None:
+    text = (RUNBOOKS / page).read_text()
+    for section in ("## What happened", "## Confirm it", "## Fix"):
+        assert section in text, (page, section)
+    for needle in ("oomwatch inspect", "kubectl describe pod", "limits.memory", "singleProcessOOMKill",
+                   "split", "OOMKillStep"):
+        assert needle in text, (page, needle)
+
+
+def _incident_cases() -> list[tuple[int, str, list[dict[str, Any]], list[dict[str, Any]]]]:
+    """(test group index, eval_time, input series, cases) where a test group evaluates every alert at once."""
+    names = {a["alert"] for a in alerts()}
+    out = []
+    for path in sorted(RULE_TESTS.glob("*.yaml")):
+        for i, test in enumerate(yaml.safe_load(path.read_text())["tests"]):
+            by_time: dict[str, list[dict[str, Any]]] = {}
+            for case in test.get("alert_rule_test", []):
+                by_time.setdefault(str(case["eval_time"]), []).append(case)
+            for eval_time, cases in by_time.items():
+                if {c["alertname"] for c in cases} == names:
+                    out.append((i, eval_time, test["input_series"], cases))
+    return out
+
+
+def _collateral_kill(series: list[dict[str, Any]]) -> bool:
+    return any('role="collateral"' in s["series"] and set(str(s["values"]).split()) - {"0", "0+0x7"}
+               for s in series)
+
+
+def test_a_group_kill_with_collateral_fires_exactly_one_alert() -> None:
+    """The promtool cases that evaluate every alert after a group kill with collateral expect one alert:
+    OomwatchGroupOOMKillCollateral (promtool itself checks that the rules do what the cases expect)."""
+    cases = [c for c in _incident_cases() if _collateral_kill(c[2])]
+    assert len(cases) >= 2, "need a Kubernetes and a non-Kubernetes group kill with collateral"
+    for index, eval_time, _series, alert_cases in cases:
+        firing = [c["alertname"] for c in alert_cases for _ in c.get("exp_alerts") or []]
+        assert firing == ["OomwatchGroupOOMKillCollateral"], (index, eval_time, firing)
+
+
+def test_a_kill_without_collateral_fires_the_workload_alert_only() -> None:
+    cases = [c for c in _incident_cases() if not _collateral_kill(c[2])]
+    assert cases, "need a group kill without collateral evaluated against every alert"
+    for index, eval_time, _series, alert_cases in cases:
+        firing = [c["alertname"] for c in alert_cases for _ in c.get("exp_alerts") or []]
+        assert firing == ["OomwatchContainerOOMKilled"], (index, eval_time, firing)
+
+
+def test_chart_runbook_base_url_makes_links(tmp_path) -> None:
+    from .conftest import helm_template
+
+    objects = helm_template("prometheusRule.enabled=true",
+                            "prometheusRule.runbookBaseURL=https://git.example.com/infra/oomwatch/")
+    rules = [r for g in one(objects, "PrometheusRule")["spec"]["groups"] for r in g["rules"]]
+    urls = [r["annotations"]["runbook_url"] for r in rules]
+    assert urls and all(u.startswith("https://git.example.com/infra/oomwatch/docs/runbooks/") for u in urls), urls
+    assert urls == ["https://git.example.com/infra/oomwatch/" + a["annotations"]["runbook_url"] for a in alerts()]

@@ -37,11 +37,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 
+{{- /* No image is published for this project: the user builds one (scripts/build-image or the Dockerfile),
+pushes it to a registry of theirs and names it here. */ -}}
 {{- define "oomwatch.image" -}}
+{{- $repository := required "image.repository is not set: oomwatch publishes no image. Build it (scripts/build-image, or docker build from the Dockerfile), push it to your registry and install with --set image.repository=REGISTRY/oomwatch (docs/release.md)" .Values.image.repository }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
 
