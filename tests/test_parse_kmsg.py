@@ -219,7 +219,7 @@ def test_journal_multiline_record_continuation_is_not_a_record() -> None:
 
 def test_json_message_as_bytes_and_other_fields() -> None:
     line = json.dumps({"_TRANSPORT": "kernel", "MESSAGE": list(b"Killed process 1 (tr\xffin)"),
-                       "__REALTIME_TIMESTAMP": "9" * 5000, "PRIORITY": "x"})
+                       "__REALTIME_TIMESTAMP": "9" * 5000, "PRIORITY": "\u00b2"})  # a digit int() refuses
     (record,) = texts(line.encode() + b"\n")
     assert record.text == "Killed process 1 (tr\\xffin)"
     assert record.wall_time is None and record.priority == 6

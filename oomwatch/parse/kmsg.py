@@ -281,8 +281,8 @@ def _json_record(line: str, stats: TextLogStats) -> tuple[str, Optional[KmsgReco
 
     def number(key: str, limit: int) -> Optional[int]:
         value = entry.get(key)
-        if isinstance(value, str) and value.isdigit() and len(value) <= 20 and int(value) <= limit:
-            return int(value)
+        if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 20:
+            return int(value) if int(value) <= limit else None
         return None
 
     realtime = number("__REALTIME_TIMESTAMP", 253402300799 * 1_000_000)  # up to year 9999

@@ -1,0 +1,114 @@
+"""Real OOM reports from public bug trackers (fixtures/corpus/): oomwatch reads exactly the kills a person
+reads in each, and the same kernel lines give the same incidents in every wrapper a log system puts around
+them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from oomwatch.config import Config
+from oomwatch.inspect import build_report
+from oomwatch.parse.kmsg import parse_text_log
+from tests.conftest import BOOT_TIME, CAPTURES, FIXTURES
+
+CORPUS = sorted((FIXTURES / "corpus").glob("*.log"))
+UTC = dt.timezone.utc
+
+
+def header(path: Path, key: str) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith(f"# {key}:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"{path.name} has no '# {key}:' line")
+
+
+def report_for(path: Path) -> dict:
+    return build_report(Config(kmsg=str(path), boot_time=BOOT_TIME), node_view=False, clock=lambda: 0.0,
+                        tz=UTC)
+
+
+def kills_in_log_order(report: dict) -> list[str]:
+    return [f"{p['comm']}({p['pid']})" for inc in reversed(report["incidents"]) for p in inc["killed"]]
+
+
+def test_the_corpus_is_there() -> None:
+    assert len(CORPUS) >= 5
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_each_report_gives_exactly_the_kills_a_person_reads(path: Path) -> None:
+    assert header(path, "source").startswith("https://")
+    expected = [k.strip() for k in re.split(r",\s+(?=\S+\(\d+\)$|\S+\(\d+\),)", header(path, "kills"))]
+    report = report_for(path)
+    assert kills_in_log_order(report) == expected
+    assert report["kmsg"]["parse_errors"] == 0 and report["warnings"] == []
+
+
+# --- the same report in every wrapper --------------------------------------------------------------------
+
+def kmsg_escape(text: str) -> str:
+    out = []
+    for ch in text:
+        code = ord(ch)
+        out.append(f"\\x{code:02x}" if code < 0x20 or code == 0x7f or ch == "\\" else ch)
+    return out and "".join(out) or ""
+
+
+WALL = dt.datetime(2023, 8, 22, 16, 10, 45, tzinfo=UTC)
+
+
+def wrap(fmt: str, i: int, text: str) -> str:
+    secs = 100 + i / 1000
+    when = WALL + dt.timedelta(seconds=i)
+    return {
+        "kmsg": f"6,{i},{int(secs * 1e6)},-;{kmsg_escape(text)}",
+        "dmesg": f"[{secs:12.6f}] {text}",
+        "dmesg -r": f"<6>[{secs:12.6f}] {text}",
+        "dmesg -x": f"kern  :info  : [{secs:12.6f}] {text}",
+        "dmesg -T": f"[{when:%a %b %d %H:%M:%S %Y}] {text}",
+        "dmesg caller id": f"[{secs:12.6f}] [ T{i + 1}] {text}",
+        "journal short": f"{when:%b %d %H:%M:%S} node-1 kernel: {text}",
+        "journal short, empty hostname": f"{when:%b %d %H:%M:%S}  kernel: {text}",
+        "journal short-precise": f"{when:%b %d %H:%M:%S}.{i:06d} node-1 kernel: {text}",
+        "journal short-iso": f"{when:%Y-%m-%dT%H:%M:%S}+0000 node-1 kernel: {text}",
+        "journal short-monotonic": f"[{secs:12.6f}] node-1 kernel: {text}",
+        "journal json": json.dumps({"_TRANSPORT": "kernel", "MESSAGE": text, "PRIORITY": "6",
+                                    "__REALTIME_TIMESTAMP": str(int(when.timestamp() * 1e6))}),
+        "journal cat": text,
+        "kern.log": f"{when:%b %d %H:%M:%S} node-1 kernel: [{secs:12.6f}] {text}",
+        "syslog rfc3164": f"<6>{when:%b %d %H:%M:%S} node-1 kernel: {text}",
+        "syslog rfc5424": f"<6>1 {when:%Y-%m-%dT%H:%M:%S}Z node-1 kernel - - - {text}",
+        "indented, CRLF": f"    [{secs:12.6f}] {text}\r",
+    }[fmt]
+
+
+FORMATS = ["dmesg", "dmesg -r", "dmesg -x", "dmesg -T", "dmesg caller id", "journal short",
+           "journal short, empty hostname", "journal short-precise", "journal short-iso", "journal short-monotonic",
+           "journal json", "journal cat", "kern.log", "syslog rfc3164", "syslog rfc5424", "indented, CRLF"]
+REPORTS = CORPUS + sorted(CAPTURES.glob("documented-*"))
+
+
+def incidents_of(path: Path) -> list[tuple]:
+    report = build_report(Config(kmsg=str(path), boot_time=BOOT_TIME), node_view=False, clock=lambda: 0.0,
+                          tz=UTC)
+    return [(inc["kind"], inc["constraint"], inc["oom_cgroup"], inc["group_cgroup"],
+             [(p["pid"], p["comm"]) for p in inc["killed"]]) for inc in report["incidents"]]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("source", REPORTS, ids=[p.stem for p in REPORTS])
+def test_every_wrapper_gives_the_incidents_of_the_raw_kmsg_form(source: Path, fmt: str, tmp_path: Path) -> None:
+    texts = [r.text for r in parse_text_log(io.BytesIO(source.read_bytes()), tz=UTC, year=2023)]
+    raw = tmp_path / "raw.kmsg"
+    raw.write_text("".join(wrap("kmsg", i, t) + "\n" for i, t in enumerate(texts)))
+    wrapped = tmp_path / "wrapped.log"
+    wrapped.write_text("".join(wrap(fmt, i, t.replace("\n", "\\x0a")) + "\n" for i, t in enumerate(texts)))
+    expected = incidents_of(raw)
+    assert expected, "the report holds at least one kill"
+    assert incidents_of(wrapped) == expected

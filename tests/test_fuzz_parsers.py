@@ -1,0 +1,103 @@
+"""Hypothesis fuzzing of the kernel-log parsers: no input raises anything but KmsgParseError, and what comes out
+stays bounded. A few seconds here (the unit tier); `benchmarks/fuzz_parsers.py SECONDS` runs the same
+properties for as long as asked."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from oomwatch.parse.kmsg import MAX_LINE, KmsgParseError, TextLogStats, parse_kmsg_record, parse_text_log
+from oomwatch.parse.oom import parse_oom_line
+
+# Pieces of real OOM reports and of their wrappers, so that generated lines reach deep into the parsers.
+OOM_PIECES = [
+    "Memory cgroup out of memory: ", "Out of memory: ", "Out of memory (oom_kill_allocating_task): ",
+    "Killed process ", "Kill process ", " score ", " or sacrifice child", "OOM victim ",
+    " is already exiting. Skip killing the task", " total-vm:", "kB, anon-rss:", "kB, file-rss:",
+    "kB, shmem-rss:", "kB, UID:", " pgtables:", "kB oom_score_adj:", ", UID ", "oom-kill:constraint=CONSTRAINT_",
+    "MEMCG", "NONE", ",nodemask=(null),cpuset=/,mems_allowed=0,", "oom_memcg=", "global_oom", ",task_memcg=",
+    ",task=", ",pid=", ",uid=", "Tasks in ", " are going to be killed due to memory.oom.group set", "Task in ",
+    " killed as a result of limit of ", "memory: usage ", "kB, limit ", "kB, failcnt ", "CPU: 0 PID: ",
+    " Comm: ", " Not tainted", " invoked oom-killer: gfp_mask=", "0xcc0(GFP_KERNEL)", ", order=",
+    ", oom_score_adj=", "oom_kill_process: ", " callbacks suppressed", "(", ")", ",", " ", "/", "\\x0a", "\n",
+    "\x00", "\udcff", "-", "0", "1", "18446744073709551616", "9" * 30, "/kubepods/burstable/pod1/abc",
+]
+WRAPPERS = [
+    "", "[  139.201253] ", "<3>[    8.5] ", "kern  :err   : [    9.1] ", "[Tue Aug 22 16:10:45 2023] ",
+    "[Mon Feb 29 10:00:00 2023] ", "Aug 22 16:10:45 node kernel: ", "Feb 29 10:00:00 node kernel: ",
+    "Aug 22 16:10:45  kernel: ", "2023-08-22T16:10:45+0000 node kernel: ", "2023-08-22T16:10:45.5+99:99 n kernel: ",
+    "[  139.201253] node kernel: ", "<3>Aug 22 16:10:45 node kernel: [  139.2] ", "<3>1 2023-08-22T16:10:45Z n kernel - - - ",
+    "6,1,139201253,-;", "6," + "9" * 25 + ",1,-;", "Tue 2023-08-22 16:10:45 CEST node kernel: ",
+    "1692720645.201253 node kernel: ", "   ", "[ T1] ", "[" + "9" * 40 + ".1] ", "2023-08-22T16:10:45,1+02:00 ",
+]
+
+oom_text = st.lists(st.one_of(st.sampled_from(OOM_PIECES), st.text(max_size=8),
+                              st.integers(min_value=-(10 ** 25), max_value=10 ** 25).map(str)),
+                    max_size=30).map("".join)
+json_line = st.fixed_dictionaries({"MESSAGE": st.one_of(oom_text, st.lists(st.integers(0, 300), max_size=40),
+                                                        st.none(), st.integers()),
+                                   "_TRANSPORT": st.sampled_from(["kernel", "syslog", 3]),
+                                   "__REALTIME_TIMESTAMP": st.one_of(st.text(max_size=25), st.integers()),
+                                   "_SOURCE_MONOTONIC_TIMESTAMP": st.text("0123456789", max_size=25),
+                                   "PRIORITY": st.text(max_size=3)}).map(json.dumps)
+log_line = st.one_of(
+    st.tuples(st.sampled_from(WRAPPERS), oom_text).map(lambda t: t[0] + t[1]),
+    json_line,
+    st.text(max_size=80),
+)
+log_bytes = st.lists(st.one_of(log_line.map(lambda s: s.encode("utf-8", "surrogatepass")),
+                               st.binary(max_size=60)), max_size=20).map(lambda ls: b"\n".join(ls))
+
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def check_oom_line(text: str) -> None:
+    line = parse_oom_line(text)
+    for value in vars(line).values() if line is not None else ():
+        if isinstance(value, str):
+            assert len(value) <= 4096, "fields are bounded by what a kernel can print"
+        if isinstance(value, int):
+            assert abs(value) < 1 << 80
+
+
+def check_kmsg_record(raw: bytes) -> None:
+    try:
+        record = parse_kmsg_record(raw)
+    except KmsgParseError:
+        return
+    assert 0 <= record.seq < 1 << 64 and 0 <= record.usec < 1 << 64
+
+
+def check_text_log(data: bytes) -> None:
+    stats = TextLogStats()
+    records = list(parse_text_log(io.BytesIO(data), stats=stats))
+    assert stats.records + stats.garbled + stats.other + stats.comments + stats.continuation <= stats.lines + 1
+    for record in records:
+        assert len(record.text) <= 2 * MAX_LINE
+        if record.wall_time is not None:
+            assert -62135596800 <= record.wall_time <= 253402300800, "a date a datetime can hold"
+        check_oom_line(record.text)
+
+
+@FUZZ
+@given(oom_text)
+def test_oom_lines_never_raise(text: str) -> None:
+    check_oom_line(text)
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=200),
+                 st.tuples(st.sampled_from(WRAPPERS[14:16]), oom_text).map(lambda t: (t[0] + t[1]).encode(
+                     "utf-8", "surrogatepass"))))
+def test_kmsg_records_never_raise_but_a_parse_error(raw: bytes) -> None:
+    check_kmsg_record(raw)
+
+
+@FUZZ
+@given(log_bytes)
+def test_saved_logs_never_raise(data: bytes) -> None:
+    check_text_log(data)
