@@ -61,8 +61,11 @@ FATAL_GRACE_SECONDS = 30.0
 
 class Agent:
     def __init__(self, config: Config, clock: Callable[[], float] = time.time,
-                 kmsg_factory: Optional[Callable[[str], LiveKmsg]] = None) -> None:
+                 kmsg_factory: Optional[Callable[[str], LiveKmsg]] = None,
+                 early_pump: Optional[KernelLogPump] = None) -> None:
         self.config = config
+        self._early_pump = early_pump  # /dev/kmsg already being drained (oomwatch/early.py)
+        self._skip_upto: Optional[int] = None  # an early pump read from the ring's start: skip to the cursor
         self.clock = clock
         self._kmsg_factory = kmsg_factory
         self.fs = CgroupFS(config.cgroup_root)
@@ -256,6 +259,24 @@ class Agent:
             self.store.count_kmsg(parse_errors=1)
             log.exception("kernel log: cannot process record %.300r; skipped", item)
 
+    def _after_cursor(self, items: list) -> list:
+        """An early pump read the ring from its oldest record: drop what the saved cursor says was done, and
+        count a gap between the cursor and the oldest record still there as lost."""
+        if self._skip_upto is None or not items:
+            return items
+        cursor, out = self._skip_upto, []
+        for n, item in enumerate(items):
+            seq = item.last_seq if isinstance(item, Skipped) else getattr(item, "seq", None)
+            if seq is None or seq <= cursor:
+                continue
+            first = seq - item.count + 1 if isinstance(item, Skipped) else seq
+            if first > cursor + 1:
+                out.append(Lost(first - cursor - 1))
+            out.extend(items[n:])
+            self._skip_upto = None
+            break
+        return out
+
     def _take_observations(self) -> None:
         while self._observations:
             kind, path, ino, counters, when = self._observations.popleft()
@@ -282,7 +303,7 @@ class Agent:
         try:
             while not self._stop.is_set():
                 self._wakeup.clear()
-                items = self.pump.take()
+                items = self._after_cursor(self.pump.take())
                 for item in items:
                     self._handle_safely(item, live)
                 now = time.monotonic()
@@ -380,10 +401,17 @@ class Agent:
                                                                        outcome)
         self.reconciler.load_state(extra.get("accounts", {}))
         # The kernel log first: records are lost while anything slow runs before the reader does.
-        reader = None if self.saved_log else self._open_kernel_log()
-        if reader is not None:
-            self.pump = KernelLogPump(reader, self._wake, reopen=self._reopen_kernel_log)
-            self.pump.start()
+        if self._early_pump is not None and not self.saved_log and self.config.kmsg == "/dev/kmsg":
+            self.pump, self.kmsg_source = self._early_pump, "kmsg"
+            self._skip_upto = self._cursor_for("kmsg")
+            self.pump.adopt(self._wake, self._reopen_kernel_log)
+        else:
+            if self._early_pump is not None:
+                self._early_pump.stop()
+            reader = None if self.saved_log else self._open_kernel_log()
+            if reader is not None:
+                self.pump = KernelLogPump(reader, self._wake, reopen=self._reopen_kernel_log)
+                self.pump.start()
         if self.events_file is not None:
             self.events_file.open()
         self.watcher = CgroupWatcher(self.fs, on_added=self._cgroup_added, on_removed=self._cgroup_removed,

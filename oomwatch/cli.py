@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from typing import Optional
 
-import click
+from oomwatch.early import start_early_pump
 
-from oomwatch import __version__
-from oomwatch.config import DEFAULT_LISTEN, Config
+if os.path.basename(sys.argv[0] if sys.argv else "") in ("oomwatch", "__main__.py"):
+    # `oomwatch agent` on /dev/kmsg: drain the kernel log while the rest is imported (oomwatch/early.py).
+    start_early_pump(sys.argv)
+
+import click  # noqa: E402 (after the early pump: importing it takes seconds under emulation)
+
+from oomwatch import __version__  # noqa: E402
+from oomwatch.config import DEFAULT_LISTEN, Config  # noqa: E402
 
 
 def _common(fn):
@@ -134,7 +141,9 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
                     grace_period=grace_period, drop_series=dropped,
                     web_config_file=web_config_file, boot_time=_boot_time(boot_time))
     try:
-        code = Agent(config).run_until_signalled()
+        from oomwatch.early import take_early_pump
+
+        code = Agent(config, early_pump=take_early_pump()).run_until_signalled()
     except OSError as exc:
         raise click.ClickException(f"cannot start: {exc}") from exc
     sys.exit(code)

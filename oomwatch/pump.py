@@ -54,6 +54,12 @@ class KernelLogPump:
         self.alive = True
         self._thread.start()
 
+    def adopt(self, notify: Callable[[], None], reopen: Callable[[Optional[int]], Any]) -> None:
+        """Taken over by the agent (it was started early, before the agent existed)."""
+        self._reopen = reopen
+        self._notify = notify
+        notify()
+
     def take(self) -> list:
         """Everything read so far, in order."""
         out = []

@@ -227,7 +227,7 @@ def test_env_vars_configure_every_option(tmp_path: Path) -> None:
     seen = {}
 
     class FakeAgent:
-        def __init__(self, config):
+        def __init__(self, config, early_pump=None):
             seen["config"] = config
 
         def run_until_signalled(self):

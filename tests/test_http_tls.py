@@ -238,7 +238,7 @@ def test_agent_option_and_environment_variable(tmp_path: Path, pki: Path) -> Non
     seen = {}
 
     class FakeAgent:
-        def __init__(self, config):
+        def __init__(self, config, early_pump=None):
             seen["config"] = config
 
         def run_until_signalled(self):

@@ -50,6 +50,7 @@ def main() -> int:
     th.start()
     stdout = out / "guest-stdout.txt"
     pos, booted = 0, False
+    said: list[str] = []
     while th.is_alive() or pos < (stdout.stat().st_size if stdout.exists() else 0):
         if not booted and (out / "started.json").exists():
             booted = True
@@ -61,6 +62,7 @@ def main() -> int:
             end = chunk.rfind(b"\n") + 1
             for line in chunk[:end].decode(errors="replace").splitlines():
                 if line.startswith("» "):
+                    said.append(line[2:])
                     _print(f"[{time.monotonic() - t0:5.0f}s] {line[2:]}")
             pos += end
         th.join(0.3)
@@ -74,6 +76,16 @@ def main() -> int:
         _print(f"demo: FAILED ({why}); see {out}/driver.log and {out}/console.txt")
         if res is not None:
             _print(res.console[-2000:])
+        return 1
+    failed = [line for line in said if "NOT healthy" in line or "did NOT publish" in line]
+    if failed:
+        # The demo shows what the agent did: an unhealthy agent or a missed kill is a failure, not a show.
+        _print(f"demo: FAILED: {'; '.join(failed)}")
+        agent_log = out / "agent" / "agent.log"
+        if agent_log.exists():
+            _print("---- agent log (last lines) ----")
+            _print("\n".join(agent_log.read_text(errors="replace").splitlines()[-40:]))
+        _print(f"(artefacts in {out})")
         return 1
     _print(f"== done in {time.monotonic() - t0:.0f}s\n")
     _print(report.read_text().rstrip("\n"))

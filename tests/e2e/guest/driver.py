@@ -881,7 +881,7 @@ class Scenario:
         self.record_pids_before(cgroups)
         self.snapshot("before", cgroups)
         seq0 = ctx.kmsg.last_seq()
-        self.gt["t_trigger_mono"] = hog.fire()
+        self.gt["t_trigger_mono"] = t_fired = hog.fire()
         log(f"  fired {hog.id[:12]}")
         kernel_seen = None
         agent_seen: dict[int, float] = {}
@@ -910,10 +910,14 @@ class Scenario:
                         if i not in agent_seen and any(incident_matches(a, k) for a in agent_incs):
                             agent_seen[i] = now
             kernel_done = len(incs) >= expect_incidents and time.monotonic() - quiet_since >= settle
+            # Deadlines follow the kernel's own record: a loaded machine's kernel that is still printing
+            # the OOM is not late (a global OOM took 100 s once), and the agent's time counts from the
+            # kernel's last record, not from the trigger.
+            end = max(end, min(quiet_since + 60, t_fired + 300))
             agent_done = (
                 not poll_agent
                 or len(agent_seen) >= len(incs)
-                or (kernel_done and time.monotonic() - (kernel_seen or 0) > ctx.agent_wait)
+                or (kernel_done and time.monotonic() - quiet_since > ctx.agent_wait)
             )
             if kernel_done and agent_done:
                 break
@@ -1790,6 +1794,11 @@ SCENARIOS = [
     PrometheusDashboard,
 ]
 
+# last: the agent from the image (scripts/build-image) under runc, as the DaemonSet runs it
+from image_scenario import ImageAgent  # noqa: E402
+
+SCENARIOS.append(ImageAgent)
+
 
 # ------------------------------------------------------------------------------------------------ main
 class Ctx:
@@ -1874,7 +1883,12 @@ def main() -> int:
             if ctx.agent.healthy
             else f"oomwatch agent NOT healthy: {run['agent_start'].get('error')}"
         )
-    for cls in [Demo] if args.demo else SCENARIOS:
+    classes = [Demo] if args.demo else SCENARIOS
+    if "j_storm" in wanted:  # its own boot (tests/e2e/test_storm.py): it loses records on purpose
+        import storm  # noqa: E402 (this directory is on sys.path)
+
+        classes = [storm.Storm]
+    for cls in classes:
         if wanted and cls.name not in wanted and cls.name.split("_")[0] not in wanted:
             continue
         sc = cls(ctx)

@@ -1,0 +1,106 @@
+"""Guest side of the OOM storm (its own VM boot: tests/e2e/test_storm.py).
+
+N kubelet-shaped container cgroups (`/kubepods/burstable/pod<uid>/<id>`, memory.max 24 MiB, memory.oom.group=1
+as the kubelet asks since 1.28) each OOM R times in concurrent rounds: a `sleep` and a hog per cgroup per round,
+all hogs released at once. The agent is SIGKILLed during round 2 and started again during round 3, on the
+kernel's default 128 KiB ring buffer. The kernel's own memory.events of every cgroup is the ground truth.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import __main__ as driver  # imported by tests/e2e/guest/driver.py, which runs as the guest's main script
+
+CG, Scenario, cg_enable, hexid, jdump = driver.CG, driver.Scenario, driver.cg_enable, driver.hexid, driver.jdump
+log, uid_for, wfile = driver.log, driver.uid_for, driver.wfile
+
+CONTAINERS = int(os.environ.get("OOMWATCH_STORM_CONTAINERS", "30"))
+ROUNDS = int(os.environ.get("OOMWATCH_STORM_ROUNDS", "3"))
+LIMIT = 24 << 20
+HOG = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"]
+
+
+def spawn_in(cgroup: str, argv: list[str]) -> subprocess.Popen:
+    def enter() -> None:
+        with open(f"{CG}{cgroup}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+
+    return subprocess.Popen(argv, preexec_fn=enter, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+class Storm(Scenario):
+    name = "j_storm"
+    description = (f"{CONTAINERS} kubelet-shaped containers (24M, memory.oom.group=1) x {ROUNDS} concurrent OOM "
+                   "rounds; the agent SIGKILLed in round 2 and restarted in round 3")
+
+    def setup(self):
+        self.cgroups = []
+        for i in range(CONTAINERS):
+            uid = uid_for(f"storm-{i}")
+            pod = f"/kubepods/burstable/pod{uid}"
+            cg_enable(pod)
+            self.cleanup_cgroups.append(pod)
+            cgroup = f"{pod}/{hexid(f'storm-{i}')}"
+            os.makedirs(f"{CG}{cgroup}", exist_ok=True)
+            wfile(f"{CG}{cgroup}/memory.max", LIMIT)
+            wfile(f"{CG}{cgroup}/memory.swap.max", 0)
+            wfile(f"{CG}{cgroup}/memory.oom.group", 1)
+            self.cgroups.append(cgroup)
+        self.gt["storm"] = {"containers": self.cgroups, "rounds": ROUNDS}
+        with open("/proc/sys/kernel/printk") as f:
+            self.gt["storm"]["printk"] = f.read().strip()
+
+    def act(self):
+        ctx = self.ctx
+        rounds = []
+        seq0 = ctx.kmsg.last_seq()
+        for r in range(ROUNDS):
+            sleeps = [spawn_in(cg, ["sleep", "600"]) for cg in self.cgroups]
+            time.sleep(1.0)  # as a container's other processes would: there before the hog
+            event: dict = {"round": r + 1, "mono": time.monotonic()}
+            hogs = [spawn_in(cg, HOG) for cg in self.cgroups]
+            if r == 1:
+                time.sleep(0.3)
+                proc = ctx.agent.proc
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)  # mid-storm: no chance to save anything
+                    proc.wait()
+                    event["agent_sigkilled_mono"] = time.monotonic()
+                    log("  storm: agent SIGKILLed")
+            if r == 2:
+                time.sleep(0.3)
+                start = ctx.agent.start(ctx.agent_start_timeout)
+                event["agent_restart"] = start
+                log(f"  storm: agent restarted: {start.get('ok')}")
+            for p in hogs + sleeps:
+                try:
+                    p.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            event["done_mono"] = time.monotonic()
+            rounds.append(event)
+            log(f"  storm: round {r + 1} done")
+        self.gt["storm"]["rounds_detail"] = rounds
+        ctx.kmsg.wait_quiet(2.0, 60)
+        # The agent catches up and reconciles (memory.events is read after the log has gone quiet).
+        expected = {cg: driver.cg_events(cg) for cg in self.cgroups}
+        self.gt["storm"]["memory_events"] = expected
+        total = sum((e or {}).get("oom_group_kill", 0) for e in expected.values())
+        end = time.monotonic() + 180
+        while time.monotonic() < end:
+            incs = ctx.agent.incidents() or []
+            counted = sum(1 for i in incs if i.get("group_cgroup") in expected)
+            if counted >= total:
+                break
+            time.sleep(1.0)
+        time.sleep(3.0)  # duplicates, if any, would show now
+        self.gt["storm"]["kernel_incidents"] = len(ctx.kmsg.incidents_since(seq0))
+        self.gt["storm"]["kill_monos"] = [ctx.kmsg_to_mono(k.first_kill_usec or k.usec)
+                                          for k in ctx.kmsg.incidents_since(seq0)]
+        self.save_agent_view()
+        jdump(f"{self.dir}/storm.json", self.gt["storm"])
