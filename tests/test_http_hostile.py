@@ -321,6 +321,8 @@ def test_an_idle_server_is_never_woken() -> None:
         time.sleep(0.2)
         threads = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("http")}
         assert set(threads) == {"http", "http-scrape"}
+        comm = {name: Path(f"/proc/self/task/{tid}/comm").read_text().strip() for name, tid in threads.items()}
+        assert comm == {"http": "oomwatch-http", "http-scrape": "oomwatch-scrape"}  # named for top -H
         before = {name: voluntary_switches(tid) for name, tid in threads.items()}
         time.sleep(1.0)
         assert {name: voluntary_switches(tid) for name, tid in threads.items()} == before
