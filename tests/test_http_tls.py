@@ -254,3 +254,34 @@ def test_agent_option_and_environment_variable(tmp_path: Path, pki: Path) -> Non
     assert ok.exit_code == 0, ok.output
     assert seen["config"].web_config_file == str(pki / "web.yml")
     assert bad.exit_code == 2 and "--web-config-file" in bad.output and "bcrypt hash" in bad.output
+
+
+def test_rotated_certificates_are_picked_up_by_new_connections(tmp_path: Path, pki: Path) -> None:
+    from oomwatch.sinks.webconfig import RotatingTls
+
+    for name in ("server.crt", "server.key"):
+        shutil.copy(pki / name, tmp_path / name)
+    now = [0.0]
+    settings = parse_web_config({"tls_server_config": {"cert_file": "server.crt", "key_file": "server.key"}}, tmp_path)
+    rotating = RotatingTls(settings.tls, clock=lambda: now[0])
+    first = rotating()
+    make_cert(pki, "server2", "ca", "IP:127.0.0.1", "serverAuth")
+    shutil.copy(pki / "server2.crt", tmp_path / "server.crt.new")
+    shutil.copy(pki / "server2.key", tmp_path / "server.key")
+    (tmp_path / "server.crt.new").rename(tmp_path / "server.crt")  # replaced in place, as a Secret volume does
+    assert rotating() is first  # looked at most once a second
+    now[0] = 1.5
+    second = rotating()
+    assert second is not first
+    sink = HttpSink("127.0.0.1:0", lambda accept: ("text/plain", [BODY]), Store(), lambda: (True, {}), tls=rotating)
+    sink.start()
+    try:
+        with socket.create_connection(sink.address, timeout=5) as raw:
+            with client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                served = tls.getpeercert(binary_form=True)
+        assert ssl.DER_cert_to_PEM_cert(served).strip() == (pki / "server2.crt").read_text().strip()
+        (tmp_path / "server.key").write_text("garbage")  # a broken rotation keeps the working certificate
+        now[0] = 3.0
+        assert rotating() is second
+    finally:
+        sink.stop()

@@ -55,14 +55,16 @@ class HttpSink:
       store    Store: /incidents serves store.snapshot().incidents
       health   () → (ok, detail): /healthz answers 200 or 503 with the detail as JSON
       web      WebSettings from webconfig.load_web_config: basic auth users, client-certificate rule, headers
-      tls      the SSLContext load_web_config returned with it (None: plain HTTP)
+      tls      what load_web_config returned with it: an SSLContext, or a callable giving the one to use for
+               each new connection (RotatingTls: certificates rotated in place); None: plain HTTP
       limits   timeouts and caps (httpserver.Limits)
     """
 
     metrics_from_registry = staticmethod(metrics_from_registry)
 
     def __init__(self, listen: str, metrics: Union[MetricsBody, CollectorRegistry], store: Store, health: Health,
-                 *, web: Optional[WebSettings] = None, tls: Optional[ssl.SSLContext] = None,
+                 *, web: Optional[WebSettings] = None,
+                 tls: Union[ssl.SSLContext, Callable[[], ssl.SSLContext], None] = None,
                  limits: Limits = DEFAULT_LIMITS) -> None:
         if isinstance(metrics, CollectorRegistry):
             metrics = metrics_from_registry(metrics)

@@ -188,8 +188,11 @@ class HttpServer:
     """Serves `handler` on `address` from one thread; `producer` runs scrapes on a second one."""
 
     def __init__(self, address: tuple[str, int], handler: Handler, producer: Producer, *,
-                 limits: Limits = DEFAULT_LIMITS, tls: Optional[ssl.SSLContext] = None) -> None:
+                 limits: Limits = DEFAULT_LIMITS,
+                 tls: Union[ssl.SSLContext, Callable[[], ssl.SSLContext], None] = None) -> None:
         self.limits, self._handler, self._producer, self._tls = limits, handler, producer, tls
+        # A callable gives the context to use for each new connection (certificates rotated in place).
+        self._tls_now = tls if callable(tls) else (lambda: tls)
         host, port = address
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -296,7 +299,7 @@ class HttpServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
                 try:
-                    sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                    sock = self._tls_now().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
                 except (OSError, ValueError):
                     sock.close()
                     continue

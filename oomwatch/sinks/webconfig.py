@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import ssl
 import time
 from collections import OrderedDict
@@ -39,6 +40,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import yaml
+
+
+log = logging.getLogger(__name__)
 
 
 class WebConfigError(ValueError):
@@ -197,8 +201,46 @@ def tls_context(settings: TlsSettings) -> ssl.SSLContext:
     return context
 
 
-def load_web_config(path: str) -> tuple[WebSettings, Optional[ssl.SSLContext]]:
-    """Read and check `--web-config-file`; raises WebConfigError naming what is wrong."""
+class RotatingTls:
+    """The TLS context, rebuilt when the certificate, key or CA files change (cert-manager and Secret volumes
+    replace them in place). Called for each new connection; looks at the files at most once a second, so an
+    idle agent is not woken; a rebuild that fails keeps the previous context and logs why."""
+
+    def __init__(self, settings: TlsSettings, clock: Callable[[], float] = time.monotonic) -> None:
+        self._settings, self._clock = settings, clock
+        self._stamp = self._stamps()
+        self._context = tls_context(settings)
+        self._checked = clock()
+
+    def _stamps(self) -> tuple:
+        out = []
+        for path in (self._settings.cert_file, self._settings.key_file, self._settings.client_ca_file):
+            try:
+                st = path.stat() if path is not None else None
+                out.append((st.st_ino, st.st_mtime_ns, st.st_size) if st else None)
+            except OSError:
+                out.append("missing")
+        return tuple(out)
+
+    def __call__(self) -> ssl.SSLContext:
+        now = self._clock()
+        if now - self._checked >= 1.0:
+            self._checked = now
+            stamp = self._stamps()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._context = tls_context(self._settings)
+                    log.info("TLS certificate files changed: reloaded")
+                except WebConfigError as exc:
+                    log.error("TLS certificate files changed but cannot be loaded, keeping the previous ones: %s",
+                              exc)
+        return self._context
+
+
+def load_web_config(path: str) -> tuple[WebSettings, Optional[RotatingTls]]:
+    """Read and check `--web-config-file`: the settings, and the TLS context source when it has a
+    tls_server_config. Raises WebConfigError naming what is wrong."""
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -208,7 +250,7 @@ def load_web_config(path: str) -> tuple[WebSettings, Optional[ssl.SSLContext]]:
     except yaml.YAMLError as exc:
         raise WebConfigError(f"web config {path} is not valid YAML: {exc}") from None
     settings = parse_web_config(doc, Path(path).resolve().parent)
-    return settings, tls_context(settings.tls) if settings.tls else None
+    return settings, RotatingTls(settings.tls) if settings.tls else None
 
 
 def san_allowed(peer_cert: Optional[dict], allowed: frozenset[str]) -> bool:
