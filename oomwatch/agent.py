@@ -33,6 +33,7 @@ from oomwatch.sinks.collector import OomwatchCollector
 from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc
+from oomwatch.sources.kmsgproc import KmsgChild
 from oomwatch.sources.kmsg import (
     Garbled,
     KmsgUnavailable,
@@ -363,7 +364,8 @@ class Agent:
         """The live kernel log (see sources.kmsg.open_kernel_log); None, with the reason in `kmsg_error`,
         when it cannot be read."""
         try:
-            opened = open_kernel_log(self.config.kmsg, self._cursor_for, self._kmsg_factory)
+            opened = open_kernel_log(self.config.kmsg, self._cursor_for, self._kmsg_factory or KmsgChild,
+                                     fallback=self._kmsg_factory is None)
         except KmsgUnavailable as exc:
             self.kmsg_error = str(exc)
             log.error("kernel log unavailable: %s; serving cgroup metrics only", exc)
@@ -378,7 +380,7 @@ class Agent:
 
     def _reopen_kernel_log(self, after_seq: Optional[int]):
         opened = open_kernel_log(self.config.kmsg, lambda source: after_seq if source == self.kmsg_source else None,
-                                 self._kmsg_factory)
+                                 self._kmsg_factory or KmsgChild, fallback=self._kmsg_factory is None)
         if isinstance(opened.reader, LiveKmsg):
             opened.reader.prefilter = True
         return opened.reader

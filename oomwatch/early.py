@@ -35,9 +35,10 @@ def start_early_pump(argv: Sequence[str], environ=os.environ) -> None:
     if _early is not None or not wants_early_start(argv, environ):
         return
     from oomwatch.pump import KernelLogPump
-    from oomwatch.sources.kmsg import KmsgUnavailable, LiveKmsg
+    from oomwatch.sources.kmsg import KmsgUnavailable
+    from oomwatch.sources.kmsgproc import KmsgChild
 
-    reader = LiveKmsg("/dev/kmsg", prefilter=True)
+    reader = KmsgChild("/dev/kmsg")  # forked now, while the process is small and has no other thread
     try:
         reader.open()
     except KmsgUnavailable:

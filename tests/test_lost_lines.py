@@ -140,3 +140,21 @@ def test_prefilter_keeps_every_oom_line_of_every_capture() -> None:
                 skipped += 1
                 assert parse_oom_line(text) is None, text
     assert kept and skipped > 3 * kept, (kept, skipped)  # most of a report is not OOM lines
+
+
+def test_prefilter_keeps_every_oom_line_of_the_corpus() -> None:
+    """Every line of the corpus of real reports that parses as an OOM line passes the pre-filter in its raw
+    kmsg form (`6,1,1,-;<text>`)."""
+    from tests.conftest import FIXTURES
+
+    checked = 0
+    for path in sorted((FIXTURES / "corpus").glob("*")) + sorted(CAPTURES.glob("*")):
+        if path.suffix == ".md" or not path.is_file():
+            continue
+        for line in path.read_bytes().splitlines():
+            text = line.decode("utf-8", "replace")
+            for candidate in {text, text.partition(";")[2], re.sub(r"^.*?\] ", "", text)}:
+                if candidate and parse_oom_line(candidate) is not None:
+                    checked += 1
+                    assert could_be_oom(b"6,1,1,-;" + candidate.encode()), candidate
+    assert checked > 500

@@ -11,16 +11,18 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-# Every OOM line parse_oom_line knows contains one of these (oom-killer, oom-kill:, memory.oom.group,
-# oom_kill_process: N callbacks suppressed contain "oom"; the kill/victim/selection lines the rest).
-_OOM_WORDS = re.compile(rb"oom|Killed process|Kill process|OOM victim|Out of memory|memory: usage|Task in |"
-                        rb"callbacks suppressed|CPU: \d+ (?:UID: \d+ )?PID:")
+# How every line parse_oom_line knows begins (it anchors them at the start of the text), and the one it finds
+# in the middle (`<comm> invoked oom-killer: `). Stack frames such as ` oom_kill_process+0x…` do not pass.
+_OOM_START = re.compile(rb"Memory cgroup out of memory|Out of memory|Killed process|oom-kill:|Tasks? in |"
+                        rb"memory: usage |CPU: \d+ (?:UID: \d+ )?PID:|"
+                        rb"(?:oom_kill_process|dump_header|out_of_memory): \d+ callbacks")
+_INVOKED = b" invoked oom-killer: "
 
 
 def could_be_oom(raw: bytes) -> bool:
     """Whether the record's text (after the `;`) may be an OOM line."""
     text_at = raw.find(b";")
-    return text_at >= 0 and _OOM_WORDS.search(raw, text_at + 1) is not None
+    return text_at >= 0 and (_OOM_START.match(raw, text_at + 1) is not None or _INVOKED in raw)
 
 
 def record_seq(raw: bytes) -> Optional[int]:

@@ -209,7 +209,8 @@ class OpenedLog:
     fallback: Optional[str] = None
 
 
-def open_kernel_log(path: str, cursor_for=lambda source: None, kmsg_factory=None) -> OpenedLog:
+def open_kernel_log(path: str, cursor_for=lambda source: None, kmsg_factory=None,
+                    fallback: bool = True) -> OpenedLog:
     """The live kernel log: `path` (/dev/kmsg), or syslog(2) where the device is refused (an unprivileged
     container: the runtime's device cgroup does not list /dev/kmsg, while syslog(2) needs only CAP_SYSLOG),
     or syslog(2) always when `path` is "syslog". `cursor_for(source)` gives the sequence to resume after.
@@ -224,7 +225,7 @@ def open_kernel_log(path: str, cursor_for=lambda source: None, kmsg_factory=None
             reader.open(after_seq=cursor_for("kmsg"))
             return OpenedLog(reader, "kmsg")
         except KmsgUnavailable as exc:
-            if kmsg_factory is not None or not isinstance(exc.__cause__, PermissionError):
+            if not fallback or not isinstance(exc.__cause__, PermissionError):
                 raise
             device_error = str(exc)
     syslog = SyslogKmsg()
