@@ -12,8 +12,8 @@ import re
 import shutil
 import sys
 import time
-from collections import Counter
-from typing import Any, BinaryIO, Iterable, Iterator, Optional
+from collections import Counter, deque
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
 
 from oomwatch.config import Config
 from oomwatch.correlator import is_within
@@ -72,10 +72,12 @@ def _saved_log(source: str, tz, stats: TextLogStats) -> Iterator[Any]:
 
 def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
                    cgroup_of_pid=lambda pid: None, boot_id: str = "unknown",
-                   clock=time.time, tz=None) -> tuple[list[Incident], dict]:
+                   clock=time.time, tz=None, on_incident: Optional[Callable[[Incident], None]] = None
+                   ) -> tuple[list[Incident], dict]:
     """Every incident still in the kernel's ring buffer (or in the saved log). Returns (incidents, reader
-    health: what was read, understood and found). Raises KmsgUnavailable when the log cannot be read at all,
-    or when a saved log holds nothing (empty input, or journalctl saying it found no journal)."""
+    health: what was read, understood and found). With `on_incident`, each incident goes there as it is
+    found and none is kept (a log of a million kills). Raises KmsgUnavailable when the log cannot be read at
+    all, or when a saved log holds nothing (empty input, or journalctl saying it found no journal)."""
     live = not is_saved_log(config.kmsg)
     boot_time = config.boot_time if config.boot_time is not None else host_boot_time()
     correlator = make_correlator(boot_id=boot_id if live else "saved-log", boot_time=boot_time,
@@ -93,6 +95,17 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
     else:
         items = _saved_log(config.kmsg, tz, text_stats)
     incidents: list[Incident] = []
+    found = 0
+
+    def take(new: list[Incident]) -> None:
+        nonlocal found
+        found += len(new)
+        if on_incident is None:
+            incidents.extend(new)
+        else:
+            for incident in new:
+                on_incident(incident)
+
     wall_clock = False
     first_error: Optional[str] = None
     try:
@@ -100,7 +113,7 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
             if isinstance(item, KmsgRecord):
                 wall_clock = wall_clock or item.wall_time is not None
                 errors = correlator.stats.parse_errors
-                incidents += correlator.feed(item)
+                take(correlator.feed(item))
                 if first_error is None and correlator.stats.parse_errors > errors:
                     first_error = item.text[:200]
             elif isinstance(item, Lost):
@@ -112,13 +125,13 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
                     first_error = item.raw[:200].decode("utf-8", "backslashreplace")
     except OSError as exc:
         raise KmsgUnavailable(f"{config.kmsg}: {exc.strerror or exc}") from exc
-    incidents += correlator.flush()
+    take(correlator.flush())
     stats = correlator.stats
     health["records"] = stats.records
     health["parse_errors"] += stats.parse_errors
     health["first_parse_error"] = first_error
     health["suppressed_reports"] = stats.suppressed_reports
-    health["oom_reports"] = len(incidents)
+    health["oom_reports"] = found
     health["times_from"] = "log" if wall_clock else ("boot time given" if config.boot_time is not None or live
                                                      else "this host's boot time")
     if not live:
@@ -304,16 +317,16 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
     def cgroup_of_pid(pid: int) -> Optional[str]:
         return proc.cgroup_of(pid) or pids.get(pid)
 
+    shown = _Selection(target, container, since, limit)
     try:
-        incidents, health = read_incidents(config, resolver, single, cgroup_of_pid if node_view else (lambda p: None),
-                                           boot_id=proc.boot_id(), clock=clock, tz=tz)
+        _, health = read_incidents(config, resolver, single, cgroup_of_pid if node_view else (lambda p: None),
+                                   boot_id=proc.boot_id(), clock=clock, tz=tz, on_incident=shown.offer)
         report["kmsg"] = health
     except KmsgUnavailable as exc:
         report["kmsg"] = {"source": config.kmsg, "error": str(exc)}
         notes.append(f"cannot read the kernel log: {exc}. Recent incidents are not shown; the node posture and "
                      "workloads above are.")
-        incidents = []
-    if incidents and (report["kmsg"] or {}).get("times_from") == "this host's boot time":
+    if shown.in_log and (report["kmsg"] or {}).get("times_from") == "this host's boot time":
         notes.append("this log carries no wall-clock times: they are shown as if it came from this host's "
                      "current boot; pass --boot-time for a log from another boot.")
     years = ((report["kmsg"] or {}).get("text") or {}).get("guessed_years")
@@ -322,36 +335,48 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
                      "which each date is not in the future).")
     if report["kmsg"] and report["kmsg"].get("lost"):
         notes.append(f"{report['kmsg']['lost']} kernel log records were lost (overwritten) before they could be read.")
-    selected = []
-    for incident in incidents:
-        data = incident.to_json()
-        if since is not None and incident.time < since:
-            continue
-        cgroups = [p.cgroup for p in incident.killed]
-        if not any(_matches(target, container, w.to_json(), w.cgroup or c)
-                   for w, c in zip(incident.workloads or (incident.workload,), cgroups)) and not any(
-                _matches(target, container, incident.workload.to_json(), c) for c in cgroups):
-            continue
-        selected.append(data)
-    selected.reverse()  # newest first
     filters = [f for f in (target, container and f"--container {container}",
                            since is not None and "--since") if f]
-    report["filter"] = {"filters": filters, "in_log": len(incidents), "matching": len(selected)}
-    if limit is not None and 0 < limit < len(selected):
-        hidden = selected[limit:]
-        by_workload = Counter(_workload_name(i) for i in hidden)
-        report["not_shown"] = {"count": len(hidden), "by_workload": dict(by_workload.most_common())}
-        selected = selected[:limit]
-    report["incidents"] = selected
+    report["filter"] = {"filters": filters, "in_log": shown.in_log, "matching": shown.matching}
+    if shown.hidden:
+        report["not_shown"] = {"count": sum(shown.hidden.values()),
+                               "by_workload": dict(shown.hidden.most_common())}
+    report["incidents"] = [i.to_json() for i in reversed(shown.newest)]  # newest first
     report["warnings"] = reader_warnings(report["kmsg"])
     return report
 
 
-def _workload_name(incident: dict) -> str:
-    w = incident.get("workload") or {}
-    if w.get("namespace") and w.get("pod"):
-        return f"{w['namespace']}/{w['pod']}" + (f" {w['container']}" if w.get("container") else "")
-    return w.get("unit") or (incident.get("victim") or {}).get("cgroup") or incident.get("oom_cgroup") or "?"
+class _Selection:
+    """The incidents a report shows, taken as they are found: those that match the filters, at most `limit`
+    of them (the newest), and the older ones counted by workload, so that no log grows the report."""
+
+    def __init__(self, target: Optional[str], container: Optional[str], since: Optional[float],
+                 limit: Optional[int]) -> None:
+        self.target, self.container, self.since = target, container, since
+        self.newest: deque[Incident] = deque(maxlen=limit or None)
+        self.hidden: Counter[str] = Counter()
+        self.in_log = self.matching = 0
+
+    def offer(self, incident: Incident) -> None:
+        self.in_log += 1
+        if not self._matches(incident):
+            return
+        self.matching += 1
+        if self.newest.maxlen is not None and len(self.newest) == self.newest.maxlen:
+            older = self.newest[0]
+            self.hidden[older.workload.display_name() or older.oom_cgroup or "?"] += 1
+        self.newest.append(incident)
+
+    def _matches(self, incident: Incident) -> bool:
+        if self.since is not None and incident.time < self.since:
+            return False
+        target, container = self.target, self.container
+        if not target and not container:
+            return True
+        cgroups = [p.cgroup for p in incident.killed]
+        return any(_matches(target, container, w.to_json(), w.cgroup or c)
+                   for w, c in zip(incident.workloads or (incident.workload,), cgroups)) or any(
+            _matches(target, container, incident.workload.to_json(), c) for c in cgroups)
 
 
 # --- text rendering -----------------------------------------------------------------------------------

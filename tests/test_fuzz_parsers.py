@@ -52,7 +52,7 @@ log_line = st.one_of(
 log_bytes = st.lists(st.one_of(log_line.map(lambda s: s.encode("utf-8", "surrogatepass")),
                                st.binary(max_size=60)), max_size=20).map(lambda ls: b"\n".join(ls))
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def check_oom_line(text: str) -> None:
@@ -101,3 +101,14 @@ def test_kmsg_records_never_raise_but_a_parse_error(raw: bytes) -> None:
 @given(log_bytes)
 def test_saved_logs_never_raise(data: bytes) -> None:
     check_text_log(data)
+
+
+@FUZZ
+@given(st.integers(0, 10 ** 10), st.integers(0, 999_999), oom_text.filter(lambda t: "kernel" not in t and "\n" not in t
+                                                                    and not t.startswith(("[", " ["))))
+def test_plain_dmesg_fast_path_reads_as_the_full_path_does(secs: int, frac: int, text: str) -> None:
+    """Plain `dmesg` lines take a one-regex path; `dmesg -r` lines (same text behind `<6>`) the full one."""
+    line = f"[{secs:5d}.{frac:06d}] {text}\n".encode("utf-8", "surrogatepass")
+    fast = list(parse_text_log(io.BytesIO(line)))
+    full = list(parse_text_log(io.BytesIO(b"<6>" + line)))
+    assert [(r.text, r.usec) for r in fast] == [(r.text, r.usec) for r in full]

@@ -117,9 +117,10 @@ SAMPLES = [
 
 
 @pytest.mark.parametrize("fmt,line,usec,wall", SAMPLES, ids=[f"{s[0]}:{s[1][:30]}" for s in SAMPLES])
-@pytest.mark.parametrize("decoration", ["", "   ", "\t", "crlf"])
+@pytest.mark.parametrize("decoration", ["", "   ", "\t", "crlf", "> ", "> > "])
 def test_each_wrapper_is_detected_and_read(fmt, line, usec, wall, decoration) -> None:
-    """Each sample, also indented (a web page, a code block) and with CRLF line ends (a Windows paste)."""
+    """Each sample, also indented (a web page, a code block), quoted (a mail, a Markdown comment) and with CRLF
+    line ends (a Windows paste)."""
     data = (decoration.replace("crlf", "") + line + ("\r\n" if decoration == "crlf" else "\n")).encode()
     stats = TextLogStats()
     (record,) = texts(data, year=2023, stats=stats)
@@ -194,10 +195,12 @@ def test_other_programs_and_journal_markers_are_skipped_and_counted() -> None:
         b"<30>1 2023-08-22T16:10:45Z node systemd 1 - - Started\n"
         b"[  139.201253] node systemd[1]: Started foo.service.\n"
         b"[  139.201253] usb 1-1: new high-speed USB device\n"  # plain dmesg, not another program
+        b"[    5.301105] systemd[1]: Started Journal Service.\n"  # systemd writing to /dev/kmsg: plain dmesg
         b"# dmesg\n"
         b"Aug 22 16:10:45 node kernel: a\n", stats=stats)
-    assert [r.text for r in records] == ["usb 1-1: new high-speed USB device", "a"]
-    assert stats.other == 5 and stats.comments == 1 and stats.lines == 9
+    assert [r.text for r in records] == ["usb 1-1: new high-speed USB device", "systemd[1]: Started Journal Service.",
+                                         "a"]
+    assert stats.other == 5 and stats.comments == 1 and stats.lines == 10
 
 
 @pytest.mark.parametrize("notice", [b"No journal files were found.", b"-- No entries --"])

@@ -101,6 +101,9 @@ CASES = [
     ("Killed process 24591 (java), UID 1001, total-vm:9815928kB, anon-rss:4185028kB, file-rss:0kB, shmem-rss:0kB",
      OomKilled(pid=24591, comm="java", oom_kind="unknown", total_vm_bytes=9815928 << 10,
                anon_rss_bytes=4185028 << 10, file_rss_bytes=0, shmem_rss_bytes=0, uid=1001)),
+    ("Killed process 21578, UID 503, (redis-server) total-vm:9100804kB, anon-rss:9066596kB, file-rss:64kB",
+     OomKilled(pid=21578, comm="redis-server", oom_kind="unknown", total_vm_bytes=9100804 << 10,
+               anon_rss_bytes=9066596 << 10, file_rss_bytes=64 << 10, uid=503)),  # RHEL 6 (2.6.32)
     ("Out of memory: Kill process 2512 (java) score 929 or sacrifice child",
      OomSelected(pid=2512, comm="java", score=929, oom_kind="global")),
     ("Out of memory (oom_kill_allocating_task): Kill process 77 (stress) score 0 or sacrifice child",

@@ -96,9 +96,9 @@ _STAMP = rf"(?:{_BSD}|{_ISO}|{_FULL}|{_UNIX}|{_MONO})"
 _KERNEL_LINE = re.compile(rf"^(?:<(?P<spri>\d{{1,3}})>)?{_STAMP}(?: (?P<host>\S{{0,255}}))? kernel(?:\[\d{{1,10}}\])?: "
                           r"?(?P<rest>.*)$", re.S)
 # The same wrapper around another program's line (an unfiltered syslog or journal). After a monotonic stamp
-# only `name[pid]:` counts: `[ 1.2] usb 1-1: new device` is a plain dmesg line.
+# only `host name[pid]:` counts: `[ 1.2] usb 1-1: new device` and `[ 1.2] systemd[1]: …` are plain dmesg lines.
 _OTHER_LINE = re.compile(rf"^(?:(?:<\d{{1,3}}>)?(?:{_BSD}|{_ISO}|{_FULL}|{_UNIX}) \S{{0,255}} ?[^\s:\[\]]{{1,128}}"
-                         rf"(?:\[\d{{1,10}}\])?|{_MONO} \S{{0,255}} ?[^\s:\[\]]{{1,128}}\[\d{{1,10}}\]): ")
+                         rf"(?:\[\d{{1,10}}\])?|{_MONO} \S{{0,255}} [^\s:\[\]]{{1,128}}\[\d{{1,10}}\]): ")
 # RFC 5424: `<PRI>1 TIMESTAMP HOST APP PROCID MSGID SD [MSG]`
 _RFC5424 = re.compile(r"^<(?P<pri>\d{1,3})>1 (?P<ts>\S{1,64}) \S{1,255} (?P<app>\S{1,48}) \S{1,128} \S{1,32} "
                       r"(?P<sd>-|(?:\[(?:[^\]\\]|\\.){0,4096}\]){1,16}) ?(?P<rest>.*)$", re.S)
@@ -112,6 +112,10 @@ _DMESG = re.compile(
     r"(?: ?\[ *(?P<caller>[TC]\d{1,10})\])? ?(?P<text>.*)$", re.S)
 _DMESG_ISO = re.compile(rf"^{_ISO} (?P<text>.*)$", re.S)  # dmesg --time-format iso
 _RAW = re.compile(r"^\d{1,20},\d{1,20},\d{1,20},[^;]{0,256};")
+# The commonest line, plain `dmesg` (`[  139.201253] text`), read with one regex; the lookaheads leave a caller id
+# and `journalctl -o short-monotonic` (`[ts] host kernel: …`) to the full path.
+_PLAIN_DMESG = re.compile(rb"\[ *(\d{1,11})\.(\d{1,9})\] (?!\[ *[TC]\d)(?!\S{0,255} kernel(?:\[\d{1,10}\])?: )"
+                          rb"(?!\S{0,255} [^\s:\[\]]{1,128}\[\d{1,10}\]: )")
 _RAW_FIELD = re.compile(rb"^ [A-Za-z0-9_.-]{1,64}=")
 _UTC_NAMES = ("UTC", "GMT", "Z")
 
@@ -394,6 +398,8 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
             yield _raw_or_garbled(bytes(pending), stats)
             pending = None
         body = line_bytes.lstrip(b" \t\x00")
+        while body.startswith(b">"):  # quoted in a mail or a Markdown comment: `> kernel: …`
+            body = body[1:].lstrip(b" \t")
         if not body.strip():
             continue
         stats.lines += 1
@@ -407,6 +413,14 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
         if body[:1].isdigit() and _RAW.match(body[:300].decode("latin-1")):
             pending = bytearray(body)
             prefixed_indent = indent
+            continue
+        plain = _PLAIN_DMESG.match(body)
+        if plain:
+            prefixed_indent = indent
+            stats.count("dmesg")
+            yield KmsgRecord(priority=_DEFAULT_PRIORITY, seq=None,
+                             usec=int(plain[1]) * 1_000_000 + int(plain[2].ljust(6, b"0")[:6]),
+                             text=body[plain.end():].decode("utf-8", "backslashreplace").rstrip())
             continue
         text = body.decode("utf-8", "backslashreplace").rstrip()
         if text in JOURNAL_NOTICES or (text.startswith("-- ") and text.endswith(" --")):

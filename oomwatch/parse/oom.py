@@ -48,9 +48,10 @@ _USAGE = re.compile(rf"^memory: usage (?P<usage>{_NUM})kB, limit (?P<limit>{_NUM
 _SUMMARY_TAIL = re.compile(rf",task={_COMM},pid=(?P<pid>{_NUM}),uid=(?P<uid>{_NUM})$", re.S)
 _SUMMARY_HEAD = re.compile(r"^oom-kill:(?:constraint=CONSTRAINT_(?P<constraint>[A-Z_]{1,20}),)?nodemask=")
 # Killed process: 3.10 `Killed process P (comm) total-vm:NkB, anon-rss:NkB, file-rss:NkB`; RHEL 7 adds
-# `, UID U,` after the comm; 4.6+ `, shmem-rss:NkB`; 5.1+ the prefix; 5.4+ `, UID:U pgtables:NkB oom_score_adj:N`.
+# `, UID U,` after the comm (RHEL 6, 2.6.32: `Killed process P, UID U, (comm) …`); 4.6+ `, shmem-rss:NkB`; 5.1+ the prefix; 5.4+ `, UID:U pgtables:NkB oom_score_adj:N`.
 _KILLED = re.compile(
-    rf"^(?:{_PREFIX}: )?Killed process (?P<pid>{_NUM}) \({_COMM}\)(?:, UID (?P<uid_rhel>{_NUM}),)? "
+    rf"^(?:{_PREFIX}: )?Killed process (?P<pid>{_NUM})(?:, UID (?P<uid_rhel6>{_NUM}),)? \({_COMM}\)"
+    rf"(?:, UID (?P<uid_rhel>{_NUM}),)? "
     rf"total-vm:(?P<vm>{_NUM})kB, anon-rss:(?P<anon>{_NUM})kB, file-rss:(?P<file>{_NUM})kB"
     rf"(?:, shmem-rss:(?P<shmem>{_NUM})kB)?"
     rf"(?:,? UID:(?P<uid>{_NUM})(?: pgtables:(?P<pgt>{_NUM})kB)?(?: oom_score_adj:(?P<adj>-?\d{{1,5}}))?)?", re.S)
@@ -114,7 +115,7 @@ def _summary(text: str) -> Optional[OomSummary]:
 
 
 def _killed(m: re.Match) -> OomKilled:
-    uid = m["uid"] if m["uid"] is not None else m["uid_rhel"]
+    uid = next((u for u in (m["uid"], m["uid_rhel"], m["uid_rhel6"]) if u is not None), None)
     return OomKilled(
         pid=int(m["pid"]), comm=m["comm"], oom_kind=oom_kind_of(m["prefix"]),
         total_vm_bytes=_kb(m["vm"]), anon_rss_bytes=_kb(m["anon"]), file_rss_bytes=_kb(m["file"]),
