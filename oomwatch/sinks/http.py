@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
-from typing import Any, Callable, Iterable, Optional, Union
-
-from prometheus_client import CollectorRegistry
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
 from oomwatch.sinks.httpserver import DEFAULT_LIMITS, HttpServer, Limits, Request, Response, Scrape
-from oomwatch.sinks.webconfig import BasicAuth, WebSettings, san_allowed
 from oomwatch.store import Store
+
+if TYPE_CHECKING:
+    import ssl  # only with TLS (5 MiB of RSS): the web config brings it
+
+    from prometheus_client import CollectorRegistry
+
+    from oomwatch.sinks.webconfig import WebSettings
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,17 @@ def metrics_from_registry(registry: CollectorRegistry) -> MetricsBody:
     return body
 
 
+def client_cert_allowed(peer_cert: Optional[dict], allowed_sans: frozenset[str]) -> bool:
+    """A client certificate the handshake verified, carrying one of the allowed subject alternative names
+    (any, when none are listed). Names as Python's ssl gives them: ("DNS", …), ("IP Address", …), …"""
+    if peer_cert is None:
+        return False
+    if not allowed_sans:
+        return True
+    return any(kind in ("DNS", "IP Address", "email", "URI") and value in allowed_sans
+               for kind, value in peer_cert.get("subjectAltName", ()))
+
+
 class HttpSink:
     """The agent's port.
 
@@ -66,13 +80,21 @@ class HttpSink:
                  *, web: Optional[WebSettings] = None,
                  tls: Union[ssl.SSLContext, Callable[[], ssl.SSLContext], None] = None,
                  limits: Limits = DEFAULT_LIMITS) -> None:
-        if isinstance(metrics, CollectorRegistry):
+        if not callable(metrics):  # a CollectorRegistry
             metrics = metrics_from_registry(metrics)
         self._store, self._health = store, health
-        self._web = web or WebSettings()
-        self._basic = BasicAuth(self._web.basic_auth_users) if self._web.basic_auth_users else None
-        if self._web.require_client_cert and tls is None:
-            raise ValueError("client certificates need a TLS context")
+        self._headers: tuple[tuple[str, str], ...] = web.headers if web else ()
+        self._client_sans = None  # with RequireAndVerifyClientCert: the allowed SANs (empty: any)
+        self._basic = None
+        if web is not None:
+            from oomwatch.sinks.webconfig import BasicAuth
+
+            if web.basic_auth_users:
+                self._basic = BasicAuth(web.basic_auth_users)
+            if web.require_client_cert:
+                if tls is None:
+                    raise ValueError("client certificates need a TLS context")
+                self._client_sans = web.tls.client_allowed_sans
         self.server = HttpServer(parse_listen(listen), self._route, metrics, limits=limits, tls=tls)
 
     @property
@@ -86,7 +108,7 @@ class HttpSink:
         self.server.stop()
 
     def _route(self, request: Request) -> Union[Response, Scrape]:
-        extra = self._web.headers
+        extra = self._headers
         if request.path == "/healthz":
             ok, detail = self._health()
             return Response(200 if ok else 503, _JSON, json.dumps(detail).encode() + b"\n", extra)
@@ -102,16 +124,15 @@ class HttpSink:
         return Response(404, _TEXT, b"not found\n", extra)
 
     def _authorize(self, request: Request) -> Optional[Response]:
-        tls = self._web.tls
-        if self._web.require_client_cert and not san_allowed(request.peer_cert, tls.client_allowed_sans):
+        if self._client_sans is not None and not client_cert_allowed(request.peer_cert, self._client_sans):
             return Response(403, _TEXT, b"a client certificate signed by client_ca_file is required\n",
-                            self._web.headers)
+                            self._headers)
         if self._basic is not None:
             outcome = self._basic.check(request.headers.get("authorization"))
             if outcome == "busy":
                 return Response(429, _TEXT, b"too many new credentials; retry\n",
-                                (("Retry-After", "1"),) + self._web.headers)
+                                (("Retry-After", "1"),) + self._headers)
             if outcome != "ok":
                 return Response(401, _TEXT, b"unauthorized\n",
-                                (("WWW-Authenticate", 'Basic realm="oomwatch"'),) + self._web.headers)
+                                (("WWW-Authenticate", 'Basic realm="oomwatch"'),) + self._headers)
         return None

@@ -41,7 +41,6 @@ from typing import Any, Callable, Mapping, Optional
 
 import yaml
 
-
 log = logging.getLogger(__name__)
 
 
@@ -58,8 +57,6 @@ RESPONSE_HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Typ
 _TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type", "client_allowed_sans", "min_version",
              "max_version"}
 _TLS_UNSUPPORTED = {"cert", "key", "client_ca", "cipher_suites", "curve_preferences", "prefer_server_cipher_suites"}
-# subjectAltName types as Python's ssl names them in getpeercert(), for the SAN types Go's x509 matches
-SAN_TYPES = ("DNS", "IP Address", "email", "URI")
 
 
 @dataclass(frozen=True)
@@ -251,14 +248,6 @@ def load_web_config(path: str) -> tuple[WebSettings, Optional[RotatingTls]]:
         raise WebConfigError(f"web config {path} is not valid YAML: {exc}") from None
     settings = parse_web_config(doc, Path(path).resolve().parent)
     return settings, RotatingTls(settings.tls) if settings.tls else None
-
-
-def san_allowed(peer_cert: Optional[dict], allowed: frozenset[str]) -> bool:
-    """Whether a verified client certificate carries one of the allowed subject alternative names."""
-    if not allowed:
-        return peer_cert is not None
-    names = (peer_cert or {}).get("subjectAltName", ())
-    return any(kind in SAN_TYPES and value in allowed for kind, value in names)
 
 
 class BasicAuth:
