@@ -137,3 +137,26 @@ def test_a_process_never_seen_in_a_cgroup_gets_it_from_its_parent(tmp_path: Path
     finally:
         parent.kill()
     assert {"pid": child.pid, "cgroup": "/b", "signal": 9} in incident["died_with"]
+
+
+def test_proc_event_datagrams_parse_as_the_kernel_lays_them_out() -> None:
+    """nlmsghdr + cn_msg + proc_event (linux/cn_proc.h), built field by field; the live socket is exercised by
+    the tests above on this machine's kernel."""
+    import struct
+
+    from oomwatch.sources.procconn import parse_proc_events
+
+    def datagram(what: int, *fields: int) -> bytes:
+        event = struct.pack("=IIQ", what, 0, 123456789) + struct.pack(f"={len(fields)}I", *fields)
+        cn = struct.pack("=IIIIHH", 1, 1, 7, 0, len(event), 0) + event
+        return struct.pack("=IHHII", 16 + len(cn), 3, 0, 7, 0) + cn
+
+    assert parse_proc_events(datagram(1, 10, 10, 11, 11)) == [
+        {"event": "PROC_EVENT_FORK", "parent_pid": 10, "parent_tgid": 10, "child_pid": 11, "child_tgid": 11}]
+    assert parse_proc_events(datagram(2, 11, 11)) == [{"event": "PROC_EVENT_EXEC", "process_pid": 11,
+                                                       "process_tgid": 11}]
+    assert parse_proc_events(datagram(0x80000000, 11, 11, 9, 17, 10, 10)) == [
+        {"event": "PROC_EVENT_EXIT", "process_pid": 11, "process_tgid": 11, "exit_code": 9, "exit_signal": 17}]
+    assert parse_proc_events(datagram(0x200, 11, 11)) == []  # PROC_EVENT_COMM: not ours
+    assert parse_proc_events(datagram(1, 10)[:20]) == []  # truncated
+    assert parse_proc_events(b"") == []

@@ -1,14 +1,21 @@
 """The netlink proc connector: a second witness of processes that died by SIGKILL.
 
 When a group kill takes a container's PID 1, the kernel tears the pid namespace down and the other
-processes die without a `Killed process` line (see ../shared/KERNEL-FACTS.md). Their exit events are the
+processes die without a `Killed process` line (see docs/kernel-facts.md). Their exit events are the
 only record. Exit events carry pid, tgid and the wait status; they need CAP_NET_ADMIN up to 6.1 and reach
 only the initial pid namespace (and network namespace: hostNetwork in a pod).
+
+The socket is spoken directly (linux/connector.h, linux/cn_proc.h: a few fixed structs), not through pyroute2,
+whose package import alone took most of the agent's start-up time under emulation.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import select
+import socket
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
@@ -73,6 +80,55 @@ def exit_from_event(event: Mapping[str, Any], now: float) -> Optional[ProcessExi
     return ProcessExit(pid=int(pid), signal=signal, time=now) if signal is not None else None
 
 
+# linux/netlink.h, linux/connector.h, linux/cn_proc.h
+NETLINK_CONNECTOR = 11
+CN_IDX_PROC = 1
+CN_VAL_PROC = 1
+PROC_CN_MCAST_LISTEN = 1
+NLMSG_DONE = 3
+_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+_CN_MSG = struct.Struct("=IIIIHH")  # idx, val, seq, ack, len, flags
+_EVENT_HEAD = struct.Struct("=IIQ")  # what, cpu, timestamp_ns
+_EVENTS = {1: "PROC_EVENT_FORK", 2: "PROC_EVENT_EXEC", 0x80000000: "PROC_EVENT_EXIT"}
+_FIELDS = {
+    "PROC_EVENT_FORK": ("parent_pid", "parent_tgid", "child_pid", "child_tgid"),
+    "PROC_EVENT_EXEC": ("process_pid", "process_tgid"),
+    "PROC_EVENT_EXIT": ("process_pid", "process_tgid", "exit_code", "exit_signal"),
+}
+
+
+def parse_proc_events(datagram: bytes) -> list[dict[str, Any]]:
+    """The fork, exec and exit events in one netlink datagram from the proc connector (others are left out),
+    as dicts named after the kernel's fields."""
+    out = []
+    at = 0
+    while at + _NLMSGHDR.size <= len(datagram):
+        length = _NLMSGHDR.unpack_from(datagram, at)[0]
+        if length < _NLMSGHDR.size or at + length > len(datagram):
+            break
+        body = at + _NLMSGHDR.size
+        if length >= _NLMSGHDR.size + _CN_MSG.size + _EVENT_HEAD.size:
+            idx, val, _, _, data_len, _ = _CN_MSG.unpack_from(datagram, body)
+            ev = body + _CN_MSG.size
+            if (idx, val) == (CN_IDX_PROC, CN_VAL_PROC) and data_len >= _EVENT_HEAD.size:
+                what = _EVENT_HEAD.unpack_from(datagram, ev)[0]
+                name = _EVENTS.get(what)
+                fields = _FIELDS.get(name or "")
+                start = ev + _EVENT_HEAD.size
+                if name and fields and start + 4 * len(fields) <= at + length:
+                    values = struct.unpack_from(f"={len(fields)}I", datagram, start)
+                    out.append({"event": name, **dict(zip(fields, values))})
+        at += (length + 3) & ~3  # NLMSG_ALIGN
+    return out
+
+
+def listen_message(seq: int = 1) -> bytes:
+    """PROC_CN_MCAST_LISTEN: start sending this socket the process events."""
+    op = struct.pack("=I", PROC_CN_MCAST_LISTEN)
+    cn = _CN_MSG.pack(CN_IDX_PROC, CN_VAL_PROC, seq, 0, len(op), 0) + op
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(cn), NLMSG_DONE, 0, seq, os.getpid()) + cn
+
+
 class ProcConnector:
     """Listens to process events on a thread of its own and calls `on_exit` for each process ended by a
     signal, `on_fork` for each new process and `on_exec` for each exec, from `start()` until `stop()`."""
@@ -84,56 +140,52 @@ class ProcConnector:
         self._on_fork = on_fork
         self._on_exec = on_exec
         self._clock = clock
-        self._socket: Any = None
+        self._socket: Optional[socket.socket] = None
+        self._stop_r, self._stop_w = os.pipe()
         self._stopped = threading.Event()
         self._open_error: Optional[ProcConnectorUnavailable] = None
         self._thread: Optional[threading.Thread] = None
         self.error: Optional[str] = None
 
     def start(self) -> None:
-        """Open the connector on its own thread (pyroute2's sockets belong to the thread that made them)
-        and listen there. Raises ProcConnectorUnavailable when it cannot be opened."""
-        try:  # imported here, not on the thread: pyroute2 is slow to import on a slow machine
-            import pyroute2.netlink.connector.cn_proc  # noqa: F401
-        except ImportError as exc:
-            raise ProcConnectorUnavailable(f"proc connector: {exc}") from exc
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="proc-connector", daemon=True)
-        self._thread.start()
-        if not ready.wait(timeout=30):
-            raise ProcConnectorUnavailable("proc connector: no answer from netlink in 30 s")
-        if self._open_error is not None:
-            raise self._open_error
-
-    def _open(self) -> Any:
+        """Open the connector and listen on a thread of its own. Raises ProcConnectorUnavailable when it
+        cannot be opened."""
         try:
-            from pyroute2.netlink.connector.cn_proc import ProcEventSocket
-
-            sock = ProcEventSocket()
-            sock.bind()
-            sock.control(listen=True)
-            return sock
+            sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_CONNECTOR)
+        except OSError as exc:
+            raise ProcConnectorUnavailable(f"proc connector: {exc.strerror or exc}") from exc
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # bursts of forks in a storm
+            sock.bind((0, CN_IDX_PROC))
+            sock.send(listen_message())
         except PermissionError as exc:
+            sock.close()
             raise ProcConnectorUnavailable(
                 "proc connector: permission denied (needs CAP_NET_ADMIN on kernels up to 6.1, and the host's "
                 "network namespace: hostNetwork in a pod)") from exc
-        except (OSError, ImportError) as exc:
-            raise ProcConnectorUnavailable(f"proc connector: {exc}") from exc
+        except OSError as exc:
+            sock.close()
+            raise ProcConnectorUnavailable(f"proc connector: {exc.strerror or exc}") from exc
+        self._socket = sock
+        self._thread = threading.Thread(target=self._run, name="proc-connector", daemon=True)
+        self._thread.start()
 
-    def _run(self, ready: threading.Event) -> None:
-        try:
-            self._socket = self._open()
-        except ProcConnectorUnavailable as exc:
-            self._open_error = exc
-            ready.set()
-            return
-        ready.set()
-        # pyroute2 buffers several datagrams per recv and hands out one per get(): polling its fd would
-        # stall with events waiting in that buffer, so this thread blocks in get(). Process events are
-        # frequent on any host, so stop() takes effect at the next one (the thread is a daemon).
+    def _run(self) -> None:
+        assert self._socket is not None
+        sock = self._socket
         try:
             while not self._stopped.is_set():
-                for event in self._socket.get():
+                ready, _, _ = select.select([sock, self._stop_r], [], [])
+                if self._stop_r in ready:
+                    return
+                try:
+                    datagram = sock.recv(65536)
+                except OSError as exc:
+                    if exc.errno == 105:  # ENOBUFS: events overflowed the socket; go on with the next ones
+                        log.warning("proc connector: events dropped (socket buffer full)")
+                        continue
+                    raise
+                for event in parse_proc_events(datagram):
                     process_exit = exit_from_event(event, self._clock())
                     if process_exit is not None:
                         self._on_exit(process_exit)
@@ -149,9 +201,17 @@ class ProcConnector:
             if not self._stopped.is_set():
                 self.error = f"proc connector stopped: {exc}"
                 log.exception("proc connector stopped")
+        finally:
+            sock.close()
 
     def stop(self) -> None:
         self._stopped.set()
+        try:
+            os.write(self._stop_w, b"x")
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
     @property
     def alive(self) -> bool:
