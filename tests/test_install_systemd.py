@@ -24,7 +24,15 @@ def test_install_systemd_lays_out_a_working_service(tmp_path: Path) -> None:
     assert unit == (REPO / "systemd/oomwatch.service").read_text()
     assert "ExecStart=/usr/local/bin/oomwatch agent" in unit
     assert (root / "etc/default/oomwatch").read_text() == "OOMWATCH_LISTEN=127.0.0.1:9717\n"
-    exe = root / "usr/local/bin/oomwatch"
-    assert os.access(exe, os.X_OK)
-    help_text = subprocess.run([str(exe), "agent", "--help"], capture_output=True, text=True, check=True).stdout
+    # Staged for its final place: the link and the script's interpreter name /opt/oomwatch, never the stage.
+    link = root / "usr/local/bin/oomwatch"
+    assert os.readlink(link) == "/opt/oomwatch/bin/oomwatch"
+    staged = root / "opt/oomwatch/bin/oomwatch"
+    assert os.access(staged, os.X_OK)
+    assert staged.read_text().splitlines()[0] == "#!/opt/oomwatch/bin/python"
+    assert not [p.name for p in (root / "opt/oomwatch/bin").iterdir()
+                if p.is_file() and not p.is_symlink() and str(root) in p.read_text(errors="replace")]
+    # It runs with the staged interpreter (the venv's python links to the system's, wherever it is).
+    help_text = subprocess.run([str(root / "opt/oomwatch/bin/python"), str(staged), "agent", "--help"],
+                               capture_output=True, text=True, check=True).stdout
     assert "--state-dir" in help_text

@@ -4,7 +4,7 @@ Pure functions, no file access: a saved kernel log with no live cgroup tree must
 Paths are relative to the cgroup v2 root and start with "/", exactly as the kernel prints them
 (`oom_memcg=`, `task_memcg=`, `Tasks in … are going to be killed`).
 
-Recognised layouts (see ../../shared/KERNEL-FACTS.md, "Kubernetes" and "Slurm and systemd"):
+Recognised layouts (see docs/kernel-facts.md, "Kubernetes" and "Slurm and systemd"):
 
 - Kubernetes, cgroupfs driver:  `[<cgroupRoot>/]kubepods[/burstable|/besteffort]/pod<uid>/<container>`
 - Kubernetes, systemd driver:

@@ -443,3 +443,40 @@ def test_helm_values_reach_the_daemonset(tmp_path: Path) -> None:
     assert one(objects, "Service")["spec"]["ports"][0]["port"] == 9999
     v6 = container(one(helm_template("listenHost=::"), "DaemonSet"))
     assert {e["name"]: e.get("value") for e in v6["env"]}["OOMWATCH_LISTEN"] == "[::]:9717"
+
+
+# --- sizing (docs/deploy.md, "Sizing") ---------------------------------------------------------------
+
+
+def sized_memory_mib(containers: int) -> int:
+    """docs/deploy.md: 96 MiB + 64 KiB per container, rounded up to 16 MiB."""
+    mib = 96 + -(-containers * 64 // 1024)
+    return -(-mib // 16) * 16
+
+
+@pytest.mark.parametrize("containers", [100, 1000, 5000])
+def test_helm_resources_follow_the_container_count(containers: int) -> None:
+    from .conftest import helm_template
+
+    res = container(one(helm_template(f"sizing.containers={containers}"), "DaemonSet"))["resources"]
+    want = {"cpu": "1", "memory": f"{sized_memory_mib(containers)}Mi"}
+    assert res == {"requests": want, "limits": want}
+
+
+def test_defaults_do_not_throttle_a_scrape_at_1000_containers(kustomize_base, helm_renders) -> None:
+    """A scrape is one thread: a CPU limit under one core throttles it (CFS quota per 100 ms period) as soon as
+    it runs longer than limit x 100 ms, which a 1,000-container scrape does (about 0.5 s of CPU)."""
+    for ds in (one(kustomize_base, "DaemonSet"), one(helm_renders["defaults"], "DaemonSet")):
+        limits = container(ds)["resources"]["limits"]
+        cpu = limits["cpu"]
+        cores = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+        assert cores >= 1, limits
+        assert limits["memory"] == f"{sized_memory_mib(1000)}Mi"
+
+
+def test_helm_resources_override_key_by_key() -> None:
+    from .conftest import helm_template
+
+    res = container(one(helm_template("resources.requests.memory=1Gi", "resources.limits.memory=1Gi"),
+                        "DaemonSet"))["resources"]
+    assert res == {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
