@@ -224,3 +224,19 @@ def counted_incident(*, boot_id: str, kind: str, cgroup: str, affected: Iterable
         evidence="memory.events", window_start=window[0], live=False,
         counted_in=(cgroup, ino, "oom_group_kill" if kind == "group" else "oom_kill", counter))
     return replace(incident, explanation=explain(incident))
+
+
+def unlogged_kills(readings: dict[str, tuple[int, dict[str, int]]], incidents: Iterable[Incident],
+                   make_incident: Callable[..., Incident], since: float, now: float) -> list[Incident]:
+    """For a one-shot look (`oomwatch inspect` on a live node): the kills each cgroup's memory.events.local
+    counted since the cgroup was made (all after `since`, the boot) that none of `incidents` (the ring buffer's)
+    describes: kills whose records the ring has overwritten. `readings`: path → (inode, counters)."""
+    r = Reconciler(make_incident, settle=0.0)
+    for path, (ino, counters) in readings.items():
+        r.observe(path, ino, {k: 0 for k in COUNTERS}, since)
+        if "oom_group_kill" not in counters:
+            r.stats.missing_group_counter = True
+        r.observe(path, ino, counters, since)
+    for incident in incidents:
+        r.account(incident)
+    return r.reconcile(now, log_drained_at=now)

@@ -99,3 +99,13 @@ def test_a_kernel_without_oom_group_kill_is_said() -> None:
     r = Reconciler(make)
     r.observe("/a", 1, {"oom": 0, "oom_kill": 0}, now=1.0)
     assert r.stats.missing_group_counter and "5.17" in r.stats.notes[0]
+
+
+def test_inspect_finds_the_kills_the_ring_no_longer_describes() -> None:
+    from oomwatch.reconcile import unlogged_kills
+
+    readings = {C: (7, counters(6, 2)), "/system.slice/a.service": (3, counters(1, 0)), "/quiet": (4, counters(0, 0))}
+    in_ring = [logged("group", C, 3, at=500.0)]  # the newer of C's two group kills is still in the ring
+    out = unlogged_kills(readings, in_ring, make, since=100.0, now=1000.0)
+    assert sorted((i.kind, i.workload.type) for i in out) == [("group", "k8s-container"), ("single", "systemd")]
+    assert all(i.window_start == 100.0 and i.time == 1000.0 for i in out)
