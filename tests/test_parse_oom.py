@@ -154,3 +154,36 @@ def test_each_kernel_format(text, expected) -> None:
 ])
 def test_non_oom_and_truncated_lines_are_not_oom_records(text) -> None:
     assert parse_oom_line(text) is None
+
+
+def kills_and_cgroups(path) -> list[tuple]:
+    import datetime as dt
+
+    from oomwatch.config import Config
+    from oomwatch.inspect import build_report
+
+    report = build_report(Config(kmsg=str(path), boot_time=0.0), node_view=False, clock=lambda: 0.0,
+                          tz=dt.timezone.utc)
+    assert report["kmsg"]["parse_errors"] == 0 and report["warnings"] == []
+    return [(i["kind"], i["constraint"], i["oom_cgroup"], [(p["pid"], p["comm"], p["cgroup"], p["uid"])
+                                                          for p in i["killed"]]) for i in report["incidents"]]
+
+
+def test_3_10_task_in_line_gives_both_cgroups() -> None:
+    """RHEL 7: `Task in <victim memcg> killed as a result of limit of <memcg>` is the only place the kernel
+    names the cgroups."""
+    assert kills_and_cgroups(CAPTURES / "documented-3.10-rhel7-memcg-kubepods.log") == [
+        ("single", "memcg", "/kubepods/burstable/pod0330b2c1",
+         [(21284, "java", "/kubepods/burstable/pod0330b2c1/b27201334a41", 1337)])]
+
+
+def test_sysrq_manual_oom() -> None:
+    assert kills_and_cgroups(CAPTURES / "documented-5.10-sysrq-manual.dmesg") == [
+        ("single", "global", "/", [(812, "postgres", "/system.slice/postgresql.service", 106)])]
+
+
+def test_oom_kill_allocating_task_kill_is_read() -> None:
+    """The kind of OOM is on the `Kill process` line only (before 5.1 the kill line has no prefix): which
+    constraint the incident gets is the correlator's (tests/pending_correlator_cases.py)."""
+    ((kind, _, _, killed),) = kills_and_cgroups(CAPTURES / "documented-3.10-oom-kill-allocating-task.dmesg")
+    assert (kind, killed) == ("single", [(2291, "stress", None, None)])
