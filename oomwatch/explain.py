@@ -66,6 +66,11 @@ def _explain(incident: Incident, single_process_oom_kill: str) -> str:
         return _counted(incident)
     w = incident.workload
     victim = incident.victim
+    if incident.kind == "single" and incident.oom_cgroup is None and not victim.cgroup and not w.cgroup:
+        # A log that names no cgroup (kill lines alone, or a kernel before 4.19 without its `Task in` line):
+        # whether a limit or the node ran out is not known, nor what the rest of the workload did.
+        return (f"{_proc(victim)} was killed by the OOM killer; the log does not say which cgroup's limit was "
+                "hit, or whether the node itself ran out of memory.")
     who = w.display_name() if w.cgroup or w.pod else (victim.cgroup or "an unknown cgroup")
     limit = incident.memory["limit_bytes"] if incident.memory else None
     limit_text = f"its {size(limit)} limit" if limit else "its memory limit"

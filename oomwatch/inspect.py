@@ -364,7 +364,8 @@ class _Selection:
         self.matching += 1
         if self.newest.maxlen is not None and len(self.newest) == self.newest.maxlen:
             older = self.newest[0]
-            self.hidden[older.workload.display_name() or older.oom_cgroup or "?"] += 1
+            name = older.workload.display_name() or older.victim.cgroup or older.oom_cgroup
+            self.hidden[name or "cgroup unknown"] += 1
         self.newest.append(incident)
 
     def _matches(self, incident: Incident) -> bool:

@@ -113,3 +113,14 @@ def test_every_wrapper_gives_the_incidents_of_the_raw_kmsg_form(source: Path, tm
         wrapped = tmp_path / "wrapped.log"
         wrapped.write_text("".join(wrap(fmt, i, t.replace("\n", "\\x0a")) + "\n" for i, t in enumerate(texts)))
         assert incidents_of(wrapped) == expected, fmt
+
+
+def test_a_log_that_names_no_cgroup_is_explained_without_guessing() -> None:
+    """Kill lines alone (RHEL 7, pasted from /var/log/messages): no cgroup, no limit, no memory.oom.group is
+    known, and the explanation claims none; the older kills are summed up as such."""
+    report = build_report(Config(kmsg=str(FIXTURES / "corpus" / "k8s-50632-rhel7-uid-markdown-quote.log"),
+                                 boot_time=BOOT_TIME), node_view=False, clock=lambda: 0.0, tz=UTC, limit=2)
+    newest = report["incidents"][0]
+    assert newest["explanation"] == ("node (pid 801542) was killed by the OOM killer; the log does not say which "
+                                     "cgroup's limit was hit, or whether the node itself ran out of memory.")
+    assert report["not_shown"] == {"count": 6, "by_workload": {"cgroup unknown": 6}}

@@ -100,9 +100,12 @@ SAMPLES = [
     ("journal short-unix", f"1692720645.201253 gpu-node-7 kernel: {TEXT}", None, WALL + 0.201253),
     ("journal short-monotonic", f"[  139.201253] gpu-node-7 kernel: {TEXT}", 139201253, None),
     ("journal short-monotonic", f"[  139.201253]  kernel: {TEXT}", 139201253, None),
+    ("journal short-monotonic", f"[  139.201253 <    0.000010>] gpu-node-7 kernel: {TEXT}", 139201253, None),
     ("journal json", '{"__REALTIME_TIMESTAMP":"1692720645201253","_SOURCE_MONOTONIC_TIMESTAMP":"139201253",'
                      '"PRIORITY":"3","_TRANSPORT":"kernel","SYSLOG_IDENTIFIER":"kernel","MESSAGE":"' + TEXT + '"}',
      139201253, WALL + 0.201253),
+    ("journal json", '\x1e{"__REALTIME_TIMESTAMP":"1692720645201253","_TRANSPORT":"kernel","MESSAGE":"' + TEXT
+     + '"}', None, WALL + 0.201253),  # -o json-seq
     ("syslog", f"Aug 22 16:10:45 gpu-node-7 kernel: [  139.201253] {TEXT}", 139201253, WALL),
     ("syslog", f"Aug 22 16:10:45 gpu-node-7 kernel: [  139.201253] [ T4711] {TEXT}", 139201253, WALL),
     ("syslog iso-precise", f"2023-08-22T16:10:45.201253+00:00 gpu-node-7 kernel: [  139.201253] {TEXT}",

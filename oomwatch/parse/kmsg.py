@@ -300,8 +300,8 @@ def _json_record(line: str, stats: TextLogStats) -> tuple[str, Optional[KmsgReco
 def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str, Optional[KmsgRecord]]:
     """One line of saved text (already stripped) → (format name, record). The record is None for lines that
     are not the kernel's: format "other" (another program) or "garbled" (a wrapper that did not read)."""
-    if line.startswith("{"):
-        return _json_record(line, stats)
+    if line.startswith(("{", "\x1e{")):  # `-o json`, `-o json-seq` (each entry after an RS byte)
+        return _json_record(line.lstrip("\x1e"), stats)
     if line.startswith("<"):
         m5 = _RFC5424.match(line)
         if m5:
