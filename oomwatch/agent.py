@@ -14,6 +14,7 @@ The main thread waits for SIGTERM/SIGINT or a dead thread, then stops everything
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -55,6 +56,7 @@ log = logging.getLogger("oomwatch.agent")
 
 # State is written at most this often while incidents keep coming (and at once when the log goes quiet).
 SAVE_INTERVAL = 1.0
+PROCESSOR_NICE = -5
 # A thread that died and could not recover: /healthz says 503 this long before the process exits non-zero
 # (so the DaemonSet or systemd restarts it).
 FATAL_GRACE_SECONDS = 30.0
@@ -298,6 +300,12 @@ class Agent:
 
     def _process_loop(self) -> None:
         assert self.pump is not None
+        try:
+            # Where it may (CAP_SYS_NICE), the processor keeps up with a storm's runnable OOMing tasks; nice is
+            # per thread on Linux, so the HTTP and cgroup threads stay as they are.
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PROCESSOR_NICE)
+        except OSError:
+            pass
         live = False  # the backlog already in the ring at start is not timed
         last_record = time.monotonic()
         quiet = self.config.quiet_seconds

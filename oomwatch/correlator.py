@@ -10,8 +10,10 @@ found from the kill lines themselves:
   outside the group cgroup starts a new incident;
 - a second `Tasks in` line means the kill line just before it was the next incident's victim.
 
-A finished incident is held back until the next one finishes or the caller flushes (the log went quiet),
-because a later invocation may report `OOM victim P … is already exiting` for a process that died with it.
+A finished incident is held back until the next invocation kills (its first `Killed process` line) or the caller
+flushes (the log went quiet), because a later invocation may report `OOM victim P … is already exiting` for a
+process that died with it, and prints that instead of killing. (Holding it until the next incident finished
+doubled the detection latency in a storm, where invocations come a second or more apart.)
 
 Lines can be lost (the ring buffer wraps under a storm or while the agent is down), so the kind never rests on
 one line alone: a victim printed twice is a group kill (the kernel reprints it only inside a group listing),
@@ -287,6 +289,10 @@ class Correlator:
             self._finish()
             b = self._open = _Builder(first_seq=record.seq)
         assert b is not None
+        if not b.kills and self._held is not None:
+            # The next invocation killed: it did not find the held incident's processes still exiting.
+            self._out.append(self._held)
+            self._held = self._held_first_seq = None
         if not b.kills and b.summary is not None and b.summary.pid in (line.pid, None):
             cgroup = b.summary.task_cgroup or cgroup  # the kernel's own word for the victim's cgroup
         b.add(_Kill(line=line, seq=record.seq, time=when, cgroup=cgroup))
