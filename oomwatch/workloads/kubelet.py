@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
-import yaml
 
 DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 _FIELD = "singleProcessOOMKill"
@@ -32,6 +31,8 @@ class KubeletOomPolicy:
 def parse_kubelet_config(text: str) -> KubeletOomPolicy:
     """A KubeletConfiguration (YAML or JSON) → its OOM policy. Never raises: garbled text comes back
     as a policy with `error` set."""
+    import yaml  # only where a kubelet config exists: it costs seconds to import under emulation
+
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
