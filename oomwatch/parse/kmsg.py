@@ -111,6 +111,7 @@ _DMESG = re.compile(
     r"(?P<hhms>\d\d:\d\d:\d\d) (?P<hyear>\d{4}))\])?"
     r"(?: ?\[ *(?P<caller>[TC]\d{1,10})\])? ?(?P<text>.*)$", re.S)
 _DMESG_ISO = re.compile(rf"^{_ISO} (?P<text>.*)$", re.S)  # dmesg --time-format iso
+_ISO_ONLY = re.compile(rf"^{_ISO}$")
 _RAW = re.compile(r"^\d{1,20},\d{1,20},\d{1,20},[^;]{0,256};")
 # The commonest line, plain `dmesg` (`[  139.201253] text`), read with one regex; the lookaheads leave a caller id
 # and `journalctl -o short-monotonic` (`[ts] host kernel: …`) to the full path.
@@ -235,8 +236,7 @@ def _stamp(m: re.Match, clock: _Clock, stats: TextLogStats) -> tuple[str, Option
     return "short-monotonic", None, _usec(secs, frac), True
 
 
-def _inner(text: str, clock: _Clock, stats: TextLogStats
-           ) -> tuple[str, int, Optional[int], Optional[float], str, bool]:
+def _inner(text: str, clock: _Clock) -> tuple[str, int, Optional[int], Optional[float], str, bool]:
     """The dmesg layer of one line: (format, priority, usec, wall time, text, ok)."""
     m = _DMESG.match(text)
     assert m is not None  # every part is optional
@@ -264,7 +264,7 @@ def _inner(text: str, clock: _Clock, stats: TextLogStats
     return fmt, priority, usec, wall, m.group("text"), True
 
 
-def _json_record(line: str, stats: TextLogStats) -> tuple[str, Optional[KmsgRecord]]:
+def _json_record(line: str) -> tuple[str, Optional[KmsgRecord]]:
     """`journalctl -o json`: one object per line; only the kernel's entries are records."""
     try:
         entry = json.loads(line)
@@ -301,13 +301,13 @@ def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str,
     """One line of saved text (already stripped) → (format name, record). The record is None for lines that
     are not the kernel's: format "other" (another program) or "garbled" (a wrapper that did not read)."""
     if line.startswith(("{", "\x1e{")):  # `-o json`, `-o json-seq` (each entry after an RS byte)
-        return _json_record(line.lstrip("\x1e"), stats)
+        return _json_record(line.lstrip("\x1e"))
     if line.startswith("<"):
         m5 = _RFC5424.match(line)
         if m5:
             if m5.group("app") != "kernel":
                 return "other", None
-            fmt, priority, usec, wall_inner, text, ok = _inner(m5.group("rest").lstrip("\ufeff"), clock, stats)
+            fmt, priority, usec, wall_inner, text, ok = _inner(m5.group("rest").lstrip("\ufeff"), clock)
             ts = _ISO_ONLY.match(m5.group("ts"))
             wall = _iso_epoch(ts, clock) if ts else None
             if not ok or (ts is None and m5.group("ts") != "-") or (ts is not None and wall is None):
@@ -320,7 +320,7 @@ def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str,
         fmt, wall, usec, ok = _stamp(m, clock, stats)
         if not ok:
             return "garbled", None
-        inner_fmt, priority, inner_usec, inner_wall, text, ok = _inner(m.group("rest"), clock, stats)
+        inner_fmt, priority, inner_usec, inner_wall, text, ok = _inner(m.group("rest"), clock)
         if not ok:
             return "garbled", None
         spri = m.group("spri")
@@ -342,13 +342,11 @@ def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str,
             return "garbled", None
         return "dmesg iso", KmsgRecord(priority=_DEFAULT_PRIORITY, seq=None, usec=None, text=m.group("text"),
                                        wall_time=wall)
-    fmt, priority, usec, wall, text, ok = _inner(line, clock, stats)
+    fmt, priority, usec, wall, text, ok = _inner(line, clock)
     if not ok:
         return "garbled", None
     return fmt, KmsgRecord(priority=priority, seq=None, usec=usec, text=text, wall_time=wall)
 
-
-_ISO_ONLY = re.compile(rf"^{_ISO}$")
 
 
 def _bounded_lines(lines: Iterable[bytes], stats: TextLogStats) -> Iterator[bytes]:
