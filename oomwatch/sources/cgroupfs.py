@@ -311,16 +311,20 @@ class CgroupWatcher:
                 ready = {fd for fd, _ in poller.poll()}
                 if self._stop_r in ready:
                     return
+                # Coalesced per read: a cgroup whose memory.events moved five times since the last read is
+                # read once (an OOM storm moves every ancestor's counters with every kill).
+                events_changed: dict[str, None] = {}
+                populated: dict[str, None] = {}
                 for event in self._inotify.read(timeout=0):
                     if event.mask & flags.Q_OVERFLOW:
                         log.warning("inotify queue overflowed; re-reading the cgroup tree")
                         self._resync()
                         continue
                     if event.wd in self._wd_events and event.mask & flags.MODIFY:
-                        self.on_events(self._wd_events[event.wd])
+                        events_changed[self._wd_events[event.wd]] = None
                         continue
                     if event.wd in self._wd_populated and event.mask & flags.MODIFY:
-                        self.on_populated(self._wd_populated[event.wd])
+                        populated[self._wd_populated[event.wd]] = None
                         continue
                     parent = self._wd_dir.get(event.wd)
                     if parent is None:
@@ -337,6 +341,12 @@ class CgroupWatcher:
                     elif event.mask & (flags.DELETE | flags.MOVED_FROM):
                         for p in self._forget(child):
                             self.on_removed(p)
+                for path in events_changed:
+                    if path in self._events_wd:  # not removed in the same batch
+                        self.on_events(path)
+                for path in populated:
+                    if path in self._populated_wd:
+                        self.on_populated(path)
         except Exception as exc:  # the agent reports this in /healthz
             self.error = f"cgroup watcher stopped: {exc}"
             log.exception("cgroup watcher stopped")
