@@ -18,6 +18,7 @@ from oomwatch.parse.kmsg import GARBLED, LOST_MARKER, KmsgParseError, parse_kmsg
 from oomwatch.parse.prefilter import could_be_oom, record_seq
 
 READ_SIZE = 8192  # one read returns one record; the kernel caps a record well below this
+CHASE_RECORDS = 64  # overwritten again within this many records after an EPIPE: jump to the newest
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class LiveKmsg:
         self.fd: Optional[int] = None
         self._last_seq: Optional[int] = None
         self.prefilter = prefilter  # records that cannot be OOM lines come out as Skipped counts, unparsed
+        self.jumps = 0  # times the reader jumped to the newest record rather than chase the tail
 
     def open(self, after_seq: Optional[int] = None) -> None:
         """Open; with `after_seq`, records up to it are skipped and a gap after it is reported as lost."""
@@ -95,13 +97,20 @@ class LiveKmsg:
         """Every record available now (at most `limit`); returns when a read would block."""
         assert self.fd is not None
         skipped = 0
+        since_epipe = CHASE_RECORDS
         for _ in range(limit):
             try:
                 raw = os.read(self.fd, READ_SIZE)
             except BlockingIOError:
                 break
             except BrokenPipeError:
-                # The gap is measured from the sequence numbers of the next record we get.
+                # The gap is measured from the sequence numbers of the next record we get. Overwritten again
+                # within a few records: the reader is more than a ring behind and would only chase the tail;
+                # jump to the newest record instead (the kills in between are counted from memory.events).
+                if since_epipe < CHASE_RECORDS:
+                    os.lseek(self.fd, 0, os.SEEK_END)
+                    self.jumps += 1
+                since_epipe = 0
                 continue
             except OSError as exc:
                 if exc.errno == errno.EINVAL:  # buffer too small for a record: cannot happen at 8 KiB
@@ -110,6 +119,7 @@ class LiveKmsg:
                 raise
             if not raw:
                 break
+            since_epipe += 1
             if self.prefilter and not could_be_oom(raw):
                 seq = record_seq(raw)
                 if seq is not None:
