@@ -30,6 +30,7 @@ from oomwatch.node import NodePosture, host_boot_time, make_correlator
 from oomwatch.nodestate import NodeState
 from oomwatch.pump import KernelLogPump
 from oomwatch.reconcile import Reconciler, counted_incident
+from oomwatch.sinks import IncidentSink, LogSink, PodEventSink
 from oomwatch.sinks.collector import OomwatchCollector
 from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
@@ -90,6 +91,11 @@ class Agent:
 
             self.pod_events = PodEventRecorder.from_environment(node_name=config.node_name)
         self.events_file = EventsFile(config.events_file) if config.events_file else None
+        self.sinks: list[IncidentSink] = [LogSink(log)]  # after the store: each incident once
+        if self.events_file is not None:
+            self.sinks.append(self.events_file)
+        if self.pod_events is not None:
+            self.sinks.append(PodEventSink(self.pod_events))
         self.state_file = StateFile(config.state_dir) if config.state_dir else None
         self.node = NodeState(self.fs, self.proc, self.resolver, self.store, clock)
         self.saved_log = kmsg_factory is None and is_saved_log(config.kmsg)
@@ -196,14 +202,11 @@ class Agent:
                 continue
             self.reconciler.account(incident)
             self._dirty = True
-            log.info("OOM %s kill (%s): %s", incident.kind, incident.evidence, incident.explanation)
-            if self.events_file is not None:
-                self.events_file.publish(incident)
-            if self.pod_events is not None and incident.workload.pod:
+            for sink in self.sinks:
                 try:
-                    self.pod_events.record(incident)
-                except Exception:  # an API hiccup must not cost the next incident
-                    log.exception("cannot record a pod Event")
+                    sink.publish(incident)
+                except Exception:  # one sink's failure (an API hiccup) must not cost the others or the next
+                    log.exception("sink %s could not take an incident", type(sink).__name__)
 
     def _cursor(self) -> Optional[int]:
         """The last record fully published: a restart reads from the first record of anything pending."""
