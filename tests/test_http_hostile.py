@@ -359,3 +359,24 @@ def test_parse_head_reads_a_prometheus_request() -> None:
     assert request.headers["accept"] == "text/plain;version=0.0.4;q=1,*/*;q=0.1"
     assert head[size:] == b"GET"
     assert parse_head(head[:40], Limits()) is None
+
+
+def test_a_streamed_body_is_dropped_as_it_is_sent() -> None:
+    """A scrape streamed to a reading client does not pile up: chunks every joined client has taken are
+    released while the worker is still producing."""
+    held: list[int] = []
+
+    def metrics(accept: str):
+        def chunks():
+            for _ in range(40):
+                flight = sink.server._running
+                held.append(len(flight.chunks) if flight is not None else 0)
+                yield b"m 1\n" * 16384  # 64 KiB
+                time.sleep(0.01)
+
+        return "text/plain; version=0.0.4; charset=utf-8", chunks()
+
+    with serving(metrics) as sink:  # the producer looks at sink.server
+        status, body = get(sink)
+    assert status == 200 and body == b"m 1\n" * 16384 * 40
+    assert len(held) == 40 and max(held) <= 4, held

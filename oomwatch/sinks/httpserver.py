@@ -143,14 +143,16 @@ def parse_head(buffer: bytes | bytearray, limits: Limits) -> Optional[tuple[Requ
 
 
 class _Flight:
-    """One scrape: the worker appends chunks, the loop sends them to every connection that joined."""
+    """One scrape: the worker appends chunks, the loop sends them to every connection that joined and drops
+    each chunk once all of them have it, so a streamed body does not pile up in memory."""
 
-    __slots__ = ("key", "content_type", "chunks", "done", "error", "conns", "abandoned")
+    __slots__ = ("key", "content_type", "chunks", "base", "done", "error", "conns", "abandoned")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.content_type: Optional[str] = None
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes] = []  # the worker appends; the loop deletes from the front
+        self.base = 0  # how many chunks were dropped from the front (a connection's chunk index is absolute)
         self.done = False
         self.error: Optional[BaseException] = None
         self.conns: set[_Conn] = set()
@@ -499,15 +501,19 @@ class HttpServer:
         flight = conn.flight
         if flight is None or conn.terminated or not conn.headers_sent:
             return False
-        if conn.chunk < len(flight.chunks):
-            chunk = flight.chunks[conn.chunk]
+        if conn.chunk - flight.base < len(flight.chunks):
+            chunk = flight.chunks[conn.chunk - flight.base]
             conn.chunk += 1
             if conn.chunked:
                 conn.out.extend((memoryview(b"%x\r\n" % len(chunk)), memoryview(chunk), memoryview(b"\r\n")))
             else:
                 conn.out.append(memoryview(chunk))
+            sent_by_all = min(c.chunk for c in flight.conns)
+            if sent_by_all > flight.base:  # the connections' out queues still hold what they have not sent
+                del flight.chunks[:sent_by_all - flight.base]
+                flight.base = sent_by_all
             return True
-        if flight.done and conn.chunk == len(flight.chunks):
+        if flight.done and conn.chunk - flight.base == len(flight.chunks):
             conn.terminated = True
             if flight.error is not None:  # the status line went out: cut the body short, so the client
                 self._close(conn)  # sees a failed scrape rather than a partial one
@@ -537,7 +543,8 @@ class HttpServer:
 
     def _join_flight(self, conn: _Conn, scrape: Scrape) -> None:
         running = self._running
-        if running is not None and running.key == scrape.key and not running.abandoned:
+        if running is not None and running.key == scrape.key and not running.abandoned and not running.base:
+            # (once a chunk was dropped a newcomer could not have the whole body: it waits for the next run)
             flight = running
         else:
             flight = self._pending.get(scrape.key)
