@@ -380,3 +380,32 @@ def test_a_streamed_body_is_dropped_as_it_is_sent() -> None:
         status, body = get(sink)
     assert status == 200 and body == b"m 1\n" * 16384 * 40
     assert len(held) == 40 and max(held) <= 4, held
+
+
+def test_parse_head_at_every_split_point_and_on_garbage() -> None:
+    import random
+
+    head = b"GET /metrics HTTP/1.1\r\nHost: n:9717\r\nAccept: */*\r\n\r\n"
+    for cut in range(len(head)):
+        assert parse_head(head[:cut], Limits()) is None  # incomplete, never an error
+    assert parse_head(head, Limits())[1] == len(head)
+    rng = random.Random(11)
+    for _ in range(2000):
+        garbage = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))) + b"\r\n\r\n"
+        try:
+            parse_head(garbage, Limits())
+        except HeadError:
+            pass  # the only failure a client can cause
+
+
+def test_a_tls_client_that_never_finishes_its_handshake_is_cut_off() -> None:
+    """The header timeout covers the TLS handshake (no certificate is needed: nothing is sent)."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # never reached: the client says nothing
+    with serving(Metrics(), LIMITS, tls=context) as sink:
+        sock = connect(sink)
+        started = time.monotonic()
+        assert closed_by_server(sock) == b""
+        assert LIMITS.header_timeout - 0.1 < time.monotonic() - started < 3
+        assert wait_for(lambda: sink.server.connections == 0)
