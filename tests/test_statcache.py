@@ -78,7 +78,7 @@ def test_removed_cgroup_is_none_and_one_back_under_the_same_name_is_read_again(t
                                                                               monkeypatch) -> None:
     cache = StatCache(CgroupFS(str(tree)), max_open=100)
     assert cache.read("/b").limit_bytes == 64 << 20
-    held = set(fd for fd in cache._entries["/b"].fds if fd is not None)
+    held = {fd for fd in (cache._entries["/b"].fd0, cache._entries["/b"].fd1) if fd is not None}
     real_pread = os.pread
 
     def pread(fd, n, offset):
@@ -101,7 +101,7 @@ def test_removed_cgroup_is_none_and_one_back_under_the_same_name_is_read_again(t
 def test_a_stale_descriptor_drops_the_kept_values_too(tree: Path, monkeypatch) -> None:
     cache = StatCache(CgroupFS(str(tree)), max_open=100)
     cache.read("/a")
-    held = {fd for fd in cache._entries["/a"].fds if fd is not None}
+    held = {fd for fd in (cache._entries["/a"].fd0, cache._entries["/a"].fd1) if fd is not None}
     real_pread = os.pread
 
     def pread(fd, n, offset):
@@ -118,7 +118,7 @@ def test_a_stale_descriptor_drops_the_kept_values_too(tree: Path, monkeypatch) -
 def test_forget_closes_descriptors(tree: Path) -> None:
     cache = StatCache(CgroupFS(str(tree)), max_open=100)
     cache.read("/a")
-    fds = [fd for fd in cache._entries["/a"].fds if fd is not None]
+    fds = [fd for fd in (cache._entries["/a"].fd0, cache._entries["/a"].fd1) if fd is not None]
     cache.forget("/a")
     assert cache.open_descriptors == 0
     for fd in fds:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 # memory.events keys oomwatch exports (CONTRACT `event` label); `low` and `sock_throttled` are read but not
@@ -39,7 +40,8 @@ def parse_flat_keyed_counted(text: str) -> tuple[dict[str, int], int]:
         if number is None:
             malformed += 1
         else:
-            out[key] = number
+            # Interned: thousands of cgroups' dicts, kept between scrapes, share the six key strings.
+            out[sys.intern(key)] = number
     return out, malformed
 
 

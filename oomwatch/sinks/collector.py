@@ -88,13 +88,12 @@ class _LabelText:
     `container`, then an extra label (`event`, `kind`) falls between them and `namespace`, `pod`; `role`
     comes last. Built once per label set."""
 
-    __slots__ = ("head", "tail", "both", "seen")
+    __slots__ = ("head", "seen", "tail")
 
     def __init__(self, labels: Labels) -> None:
         namespace, pod, container, cgroup = (escape_label_value(v) for v in labels)
         self.head = f'cgroup="{cgroup}",container="{container}",'
         self.tail = f'namespace="{namespace}",pod="{pod}"'
-        self.both = self.head + self.tail
         self.seen = 0
 
 
@@ -181,7 +180,7 @@ class OomwatchCollector:
                              "counter"))
         for text, (_, counters) in zip(texts, workloads):
             for role in ROLES:
-                parts.append(f'oomwatch_oom_killed_processes_total{{{text.both},role="{role}"}} '
+                parts.append(f'oomwatch_oom_killed_processes_total{{{text.head}{text.tail},role="{role}"}} '
                              f'{fmt(counters.killed[role])}\n')
             if out.full():
                 yield out.take()
@@ -189,7 +188,7 @@ class OomwatchCollector:
                              "of this workload.", "gauge"))
         for text, (_, counters) in zip(texts, workloads):
             if counters.last_kill is not None:
-                parts.append(f"oomwatch_last_oom_kill_timestamp_seconds{{{text.both}}} "
+                parts.append(f"oomwatch_last_oom_kill_timestamp_seconds{{{text.head}{text.tail}}} "
                              f"{fmt(counters.last_kill)}\n")
         del workloads, texts
 
@@ -201,7 +200,7 @@ class OomwatchCollector:
             for text, (_, stats) in zip(texts, live):
                 value = getattr(stats, attr)
                 if value is not None:
-                    parts.append(f"{name}{{{text.both}}} {fmt(value)}\n")
+                    parts.append(f"{name}{{{text.head}{text.tail}}} {fmt(value)}\n")
                 if out.full():
                     yield out.take()
         if "memory-events" not in self.drop:

@@ -52,13 +52,18 @@ def descriptor_budget(raise_limit: bool = True) -> int:
 
 
 class _Entry:
-    __slots__ = ("absent_until", "fds", "signalled")
+    """What is kept per cgroup (small: a node may have tens of thousands). Slot 0 is memory.current, slot 1
+    memory.peak."""
+
+    __slots__ = ("absent0", "absent1", "fd0", "fd1", "signalled")
 
     def __init__(self) -> None:
         # (oom_group, limit_bytes, events) as last read; None = read at the next scrape.
         self.signalled: Optional[tuple[Optional[int], Optional[float], Optional[dict[str, int]]]] = None
-        self.fds: list[Optional[int]] = [None, None]  # memory.current, memory.peak
-        self.absent_until = [0.0, 0.0]  # monotonic time before which a missing file is not looked for
+        self.fd0: Optional[int] = None
+        self.fd1: Optional[int] = None
+        self.absent0 = 0.0  # monotonic time before which a missing file is not looked for again
+        self.absent1 = 0.0
 
 
 class StatCache:
@@ -137,7 +142,7 @@ class StatCache:
         )
 
     def _read_held(self, entry: _Entry, slot: int, base: str) -> Optional[str]:
-        fd = entry.fds[slot]
+        fd = entry.fd1 if slot else entry.fd0
         if fd is not None:
             try:
                 return os.pread(fd, 4096, 0).decode("utf-8", "replace")
@@ -145,20 +150,20 @@ class StatCache:
                 self._close_slot(entry, slot)
                 entry.signalled = None  # a cgroup back under the same name is another one
         now = self._clock()
-        if entry.absent_until[slot] > now:
+        if (entry.absent1 if slot else entry.absent0) > now:
             return None
         name = _HELD[slot]
         if self._open >= self.max_open:
             text = cat(f"{base}/{name}")
             if text is None:
-                entry.absent_until[slot] = now + ABSENT_RETRY_SECONDS
+                self._set(entry, "absent", slot, now + ABSENT_RETRY_SECONDS)
             return text
         try:
             fd = os.open(f"{base}/{name}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:  # ENOENT: gone, or a kernel without the file
-            entry.absent_until[slot] = now + ABSENT_RETRY_SECONDS
+            self._set(entry, "absent", slot, now + ABSENT_RETRY_SECONDS)
             return None
-        entry.fds[slot] = fd
+        self._set(entry, "fd", slot, fd)
         self._open += 1
         try:
             return os.pread(fd, 4096, 0).decode("utf-8", "replace")
@@ -166,10 +171,14 @@ class StatCache:
             self._close_slot(entry, slot)
             return None
 
+    @staticmethod
+    def _set(entry: _Entry, field: str, slot: int, value) -> None:
+        setattr(entry, f"{field}{slot}", value)
+
     def _close_slot(self, entry: _Entry, slot: int) -> None:
-        fd = entry.fds[slot]
+        fd = entry.fd1 if slot else entry.fd0
         if fd is not None:
-            entry.fds[slot] = None
+            self._set(entry, "fd", slot, None)
             self._open -= 1
             try:
                 os.close(fd)
