@@ -158,8 +158,11 @@ class Agent:
     def _observe(self, path: str) -> None:
         ino, local = self.fs.read_local_events(path)
         if ino is not None and local is not None:
-            self._observations.append(("counters", path, ino, local, self.clock()))
+            self._observations.append(("counters", path, ino, local, self.clock(), self._grouped(path)))
             self._wake()
+
+    def _grouped(self, path: str) -> bool:
+        return self.node.oom_group_cgroup(path, None) is not None
 
     def _cgroup_added(self, path: str) -> None:
         self.node.cgroup_added(path)
@@ -167,7 +170,7 @@ class Agent:
 
     def _cgroup_removed(self, path: str) -> None:
         self.node.cgroup_removed(path)
-        self._observations.append(("removed", path, 0, {}, self.clock()))
+        self._observations.append(("removed", path, 0, {}, self.clock(), False))
         self._wake()
 
     def _cgroup_events(self, path: str) -> None:
@@ -176,7 +179,7 @@ class Agent:
             return
         moved = self.node.events_changed(path, local)
         if moved["oom_kill"] or moved["oom_group_kill"]:
-            self._observations.append(("counters", path, ino, local, self.clock()))
+            self._observations.append(("counters", path, ino, local, self.clock(), self._grouped(path)))
             if self.kmsg_source == "syslog" and self.pump is not None:
                 self.pump.wake()  # syslog(2) cannot be waited on: a kill here is the cue to read
             self._wake()
@@ -285,11 +288,11 @@ class Agent:
 
     def _take_observations(self) -> None:
         while self._observations:
-            kind, path, ino, counters, when = self._observations.popleft()
+            kind, path, ino, counters, when, grouped = self._observations.popleft()
             if kind == "removed":
                 self.reconciler.removed(path)
             else:
-                self.reconciler.observe(path, ino, counters, when)
+                self.reconciler.observe(path, ino, counters, when, grouped)
 
     def _reconcile(self, live: bool) -> None:
         """Kills the counters show and no log record describes (only once the log has been read past them)."""

@@ -117,6 +117,7 @@ class _Builder:
     reprints: int = 0  # `Killed process` lines for a pid already listed (the kernel counts them in oom_kill)
     exiting: list[dict] = field(default_factory=list)
     last_was_new_kill: bool = False
+    partial: bool = False  # began right after lost records: its first lines (the victim's) may be gone
 
     def add(self, kill: _Kill) -> None:
         self.kills.append(kill)
@@ -175,6 +176,7 @@ class Correlator:
         self._out: list[Incident] = []
         self.stats = CorrelatorStats()
         self.last_seq: Optional[int] = None
+        self._gap = False  # records were lost since the last report began
 
     # --- input -------------------------------------------------------------------------------------
 
@@ -202,7 +204,7 @@ class Correlator:
             self._finish()
         elif isinstance(line, OomInvoked):
             self._finish()
-            self._open = _Builder(first_seq=record.seq, invoked=line)
+            self._open = self._began(_Builder(first_seq=record.seq, invoked=line), True)
         elif isinstance(line, OomStackTask):
             if b is not None and b.invoked is not None and b.stack_task is None and not b.kills:
                 b.stack_task = line
@@ -212,12 +214,12 @@ class Correlator:
         elif isinstance(line, OomSummary):
             if b is None or b.kills or b.summary is not None:
                 self._finish()
-                b = self._open = _Builder(first_seq=record.seq)
+                b = self._open = self._began(_Builder(first_seq=record.seq), True)
             b.summary, b.summary_seq = line, record.seq
         elif isinstance(line, OomSelected):
             if b is None or b.kills or b.selected is not None:
                 self._finish()
-                b = self._open = _Builder(first_seq=record.seq)
+                b = self._open = self._began(_Builder(first_seq=record.seq), True)
             b.selected = line
         elif isinstance(line, OomKilled):
             self._on_killed(line, record, when)
@@ -236,8 +238,18 @@ class Correlator:
             self.last_seq = last_seq
 
     def lost(self, count: int) -> None:
-        """Records the reader could not get (EPIPE gap): an incident in progress may be incomplete."""
+        """Records the reader could not get (EPIPE gap): an incident that begins next without its header or
+        summary may have lost its first lines."""
         self.stats.lost += count
+        if count:
+            self._gap = True
+
+    def _began(self, b: _Builder, with_report_start: bool) -> _Builder:
+        """A new incident: partial when it starts mid-report right after lost records."""
+        if self._gap and not with_report_start:
+            b.partial = True
+        self._gap = False
+        return b
 
     def flush(self) -> list[Incident]:
         """The log went quiet (or ended): finish everything."""
@@ -287,7 +299,7 @@ class Correlator:
         )
         if new_incident:
             self._finish()
-            b = self._open = _Builder(first_seq=record.seq)
+            b = self._open = self._began(_Builder(first_seq=record.seq), False)
         assert b is not None
         if not b.kills and self._held is not None:
             # The next invocation killed: it did not find the held incident's processes still exiting.
@@ -315,7 +327,7 @@ class Correlator:
     def _on_group(self, line: OomGroup, record: KmsgRecord) -> None:
         b = self._open
         if b is None:
-            self._open = _Builder(first_seq=record.seq, group=line.cgroup)
+            self._open = self._began(_Builder(first_seq=record.seq, group=line.cgroup), False)
             return
         if b.group is None:
             b.group = line.cgroup
@@ -427,6 +439,7 @@ class Correlator:
             workloads=tuple(workloads),
             live=self._live,
             kill_lines=self._kill_lines(killed, b.reprints),
+            partial=b.partial,
             group_inferred=b.group_inferred,
         )
         return replace(incident, explanation=self._explain(incident))

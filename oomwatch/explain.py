@@ -37,6 +37,9 @@ def _others(procs: tuple[KilledProcess, ...], limit: int = 3) -> str:
 
 def explain(incident: Incident, single_process_oom_kill: str = "unknown") -> str:
     sentence = _explain(incident, single_process_oom_kill)
+    if incident.partial:
+        sentence += (" (The kernel log lost the start of this report: its records were overwritten before they "
+                     "could be read, so the first process named may not be the one the kernel chose.)")
     if incident.died_with:
         n = len(incident.died_with)
         sentence += (f" {n} more process{'es' if n > 1 else ''} of {incident.group_cgroup} died with it by SIGKILL "

@@ -264,6 +264,7 @@ class Incident:
     live: bool = True  # read from the live kernel log: latency means something (not for saved logs)
     kill_lines: tuple[tuple[str, int], ...] = ()  # `Killed process` lines per cgroup (memory.events oom_kill)
     group_inferred: bool = False  # group kill told from memory.oom.group: its `Tasks in` line was lost
+    partial: bool = False  # the log lost this report's first lines: the first process listed may not be the victim
     # evidence "memory.events": (cgroup, inode, counter name, counter value reached): its identity
     counted_in: Optional[tuple[str, int, str, int]] = None
 
@@ -312,6 +313,8 @@ class Incident:
         }
         if self.window_start is not None:
             out["window_start"] = iso8601(self.window_start)
+        if self.partial:
+            out["partial"] = True
         if self.counted_in is not None:
             cgroup, ino, counter, value = self.counted_in
             out["counted_in"] = {"cgroup": cgroup, "inode": ino, "counter": counter, "value": value}

@@ -44,7 +44,7 @@ class Account:
     since: float  # the end of the last window in which this cgroup's counters were all accounted for
     deficit_at: Optional[float] = None  # when a positive deficit was first noticed
     gone: bool = False
-
+    grouped: bool = False  # memory.oom.group=1 here or above: every kill in it is a group kill
     def to_state(self) -> dict:
         return {"ino": self.ino, "first_seen": self.first_seen, "seen": dict(self.seen),
                 "kernel": dict(self.kernel), "since": self.since}
@@ -70,8 +70,9 @@ class Reconciler:
 
     # --- input -------------------------------------------------------------------------------------
 
-    def observe(self, path: str, ino: int, counters: dict[str, int], now: float) -> bool:
-        """A reading of `path`'s memory.events.local. Returns True when it shows kills not yet accounted."""
+    def observe(self, path: str, ino: int, counters: dict[str, int], now: float, grouped: bool = False) -> bool:
+        """A reading of `path`'s memory.events.local (`grouped`: memory.oom.group=1 on it or an ancestor, as
+        last read). Returns True when it shows kills not yet accounted."""
         reading = {k: _count(counters.get(k)) for k in COUNTERS}
         if "oom_group_kill" not in counters and not self.stats.missing_group_counter:
             self.stats.missing_group_counter = True
@@ -80,9 +81,10 @@ class Reconciler:
         acct = self.accounts.get(path)
         if acct is None or acct.ino != ino:
             self.accounts[path] = Account(ino=ino, first_seen=now, seen=dict(reading), kernel=dict(reading),
-                                          since=now)
+                                          since=now, grouped=grouped)
             return False
         acct.gone = False
+        acct.grouped = grouped
         for k in COUNTERS:
             acct.kernel[k] = max(acct.kernel[k], reading[k])  # counters never go down
         return any(acct.kernel[k] > acct.seen[k] for k in COUNTERS)
@@ -165,11 +167,16 @@ class Reconciler:
                     self.accounts[p].seen["oom_kill"] += take
                     self.accounts[path].seen["oom_kill"] -= take
                     spare -= take
-        # What is left in a cgroup is single kills: one line each.
+        # What is left in a cgroup is single kills, one line each; but where memory.oom.group=1 every kill is a
+        # group kill, counted exactly by oom_group_kill: lines left there are a logged group kill's own (its
+        # first lines lost with the records before it, the victim's reprint among them), not more kills.
         for path, d in sorted(line_deficits.items()):
             if d <= 0:
                 continue
             a = self.accounts[path]
+            if a.grouped and not self.stats.missing_group_counter:
+                a.seen["oom_kill"] = a.kernel["oom_kill"]
+                continue
             for i in range(min(d, MAX_INCIDENTS_PER_CGROUP)):
                 out.append(self._make_incident(kind="single", cgroup=path, affected=(path,),
                                                window=(a.since, now), counter=a.seen["oom_kill"] + i + 1,

@@ -158,3 +158,24 @@ def test_prefilter_keeps_every_oom_line_of_the_corpus() -> None:
                     checked += 1
                     assert could_be_oom(b"6,1,1,-;" + candidate.encode()), candidate
     assert checked > 500
+
+
+def test_an_incident_that_begins_after_lost_records_is_marked_partial() -> None:
+    """The ring wrapped in the middle of a report: its first `Killed process` line (the victim's) is gone."""
+    correlator = make_correlator(boot_id="t", boot_time=0.0, resolver=WorkloadResolver(),
+                                 posture_single=lambda: "false")
+    kill = ("Memory cgroup out of memory: Killed process {} ({}) total-vm:1kB, anon-rss:1kB, file-rss:0kB, "
+            "shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0")
+    correlator.lost(40)
+    out = []
+    for n, text in enumerate(["Tasks in /c are going to be killed due to memory.oom.group set",
+                              kill.format(273, "sleep"), kill.format(303, "dd")]):
+        out += correlator.feed(KmsgRecord(priority=3, seq=100 + n, usec=n, text=text))
+    out += correlator.feed(KmsgRecord(priority=6, seq=200, usec=9, text=(
+        "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg=/d,"
+        "task_memcg=/d,task=dd,pid=400,uid=0")))
+    out += correlator.feed(KmsgRecord(priority=3, seq=201, usec=10, text=kill.format(400, "dd")))
+    out += correlator.flush()
+    assert [(i.kind, i.partial) for i in out] == [("group", True), ("single", False)]
+    assert out[0].to_json()["partial"] is True and "lost the start of this report" in out[0].explanation
+    assert "partial" not in out[1].to_json()
