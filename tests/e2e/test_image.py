@@ -1,20 +1,26 @@
 """The image scripts/build-image makes, built from Debian packages, and its agent run under runc on the real
-kernel with the DaemonSet's security context (guest scenario j_image_agent, tests/e2e/guest/image_scenario.py).
+kernel with the DaemonSet's security context (guest scenario k_image_agent, tests/e2e/guest/image_scenario.py),
+in a VM boot of its own (about 4 minutes under TCG).
 
 scripts/test builds the image before this tier; the guest runs the unpacked image (.cache/image/bundle/rootfs)
-under an overlay, as containerd would."""
+under an overlay, as containerd would. OOMWATCH_IMAGE_RUN=<dir> reuses the artefacts of an earlier boot; they
+stay in artifacts/e2e/image-<time>/ (scripts/render-dashboard draws the dashboard from them)."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.deploy.dashboard import panel_queries
-from tests.e2e.conftest import E2ERun, parse_metrics, select
+from tests.e2e import vm
+from tests.e2e.conftest import ARTIFACTS, load_run, parse_metrics, select
 
 pytestmark = pytest.mark.e2e
 
@@ -22,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = REPO / ".cache" / "image"
 DASHBOARD = REPO / "deploy" / "grafana" / "oomwatch-dashboard.json"
 CAP_SYSLOG = 34  # include/uapi/linux/capability.h
-SCENARIO = "j_image_agent"
+SCENARIO = "k_image_agent"
 
 
 def image_meta() -> dict:
@@ -32,8 +38,28 @@ def image_meta() -> dict:
     return json.loads(path.read_text())
 
 
-def scenario(e2e: E2ERun):
-    sc = e2e.scenario(SCENARIO)
+@pytest.fixture(scope="module")
+def image_run():
+    reuse = os.environ.get("OOMWATCH_IMAGE_RUN")
+    if reuse:
+        return load_run(Path(reuse), None, None, 0.0)
+    image_meta()  # fail before booting when there is no image
+    try:
+        vm.prepare()
+    except vm.VMUnavailable as e:
+        pytest.fail(f"the end-to-end VM cannot run on this machine: {e}", pytrace=False)
+    run_dir = ARTIFACTS / time.strftime("image-%Y%m%d-%H%M%S")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    t0 = time.monotonic()
+    vm_env, result = vm.run_scenarios(run_dir, only=SCENARIO)
+    run = load_run(run_dir, result, vm_env, time.monotonic() - t0)
+    print(f"\nimage VM boot: {result.seconds:.0f}s (timed out: {result.timed_out}); artefacts in {run_dir}")
+    return run
+
+
+def scenario(run):
+    sc = run.scenario(SCENARIO)
     assert not sc.gt["errors"], "\n".join(sc.gt["errors"])
     return sc
 
@@ -86,8 +112,8 @@ def test_image_size() -> None:
 
 
 # ----------------------------------------------------------------------------------------- in the VM
-def test_image_agent_runs_with_the_daemonsets_security_context(e2e: E2ERun) -> None:
-    sc = scenario(e2e)
+def test_image_agent_runs_with_the_daemonsets_security_context(image_run) -> None:
+    sc = scenario(image_run)
     a = sc.gt["image_agent"]
     ds = yaml.safe_load((REPO / "daemonset" / "daemonset.yaml").read_text())
     assert sc.gt["daemonset_security_context"] == ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]
@@ -107,8 +133,8 @@ def test_image_agent_runs_with_the_daemonsets_security_context(e2e: E2ERun) -> N
     assert p["dmesg_restrict"] == "1", "the kernel log is root/CAP_SYSLOG-only, as on Debian nodes"
 
 
-def test_image_agent_is_healthy_reading_the_kernel_log_through_syslog(e2e: E2ERun) -> None:
-    sc = scenario(e2e)
+def test_image_agent_is_healthy_reading_the_kernel_log_through_syslog(image_run) -> None:
+    sc = scenario(image_run)
     a = sc.gt["image_agent"]
     assert a["health"].get("healthy_after") is not None, a["health"]
     assert a["healthz_end"][0] == 200, a["healthz_end"]
@@ -120,8 +146,8 @@ def test_image_agent_is_healthy_reading_the_kernel_log_through_syslog(e2e: E2ERu
     print(f"\nimage agent healthy {a['health']['healthy_after']:.1f}s after runc run (TCG guest)")
 
 
-def test_image_agent_reports_the_group_and_the_single_kill(e2e: E2ERun) -> None:
-    sc = scenario(e2e)
+def test_image_agent_reports_the_group_and_the_single_kill(image_run) -> None:
+    sc = scenario(image_run)
     a = sc.gt["image_agent"]
     assert len(sc.kernel) == 2, [k.summary() for k in sc.kernel]
     for k, key in zip(sc.kernel, ("group", "single")):
@@ -142,8 +168,8 @@ def test_image_agent_reports_the_group_and_the_single_kill(e2e: E2ERun) -> None:
     assert sorted(e["kind"] for e in events) == ["group", "single"], events
 
 
-def test_image_agent_metrics_and_memory(e2e: E2ERun) -> None:
-    sc = scenario(e2e)
+def test_image_agent_metrics_and_memory(image_run) -> None:
+    sc = scenario(image_run)
     a = sc.gt["image_agent"]
     samples = parse_metrics((sc.dir / "image-agent-metrics.txt").read_text())
     kills = {s.labels["kind"]: s.value
@@ -157,10 +183,10 @@ def test_image_agent_metrics_and_memory(e2e: E2ERun) -> None:
     assert peak < limit and a["cgroup"]["memory.events"]["oom_kill"] == 0
 
 
-def test_dashboard_over_the_image_agents_run(e2e: E2ERun) -> None:
+def test_dashboard_over_the_image_agents_run(image_run) -> None:
     """Prometheus scraped the image's agent; every panel query of the dashboard returned data over the run
     (what scripts/render-dashboard draws)."""
-    sc = scenario(e2e)
+    sc = scenario(image_run)
     path = sc.dir / "dashboard-range.json"
     assert path.exists(), "no dashboard queries saved"
     run = json.loads(path.read_text())
