@@ -177,6 +177,9 @@ class Correlator:
         self.stats = CorrelatorStats()
         self.last_seq: Optional[int] = None
         self._gap = False  # records were lost since the last report began
+        # `oom-kill:` summaries not yet matched to their victim's kill line, by pid: two reports whose lines
+        # interleave (two CPUs, or a paste that merged logs) each find their own summary.
+        self._summaries: dict[int, tuple[OomSummary, Optional[int]]] = {}
 
     # --- input -------------------------------------------------------------------------------------
 
@@ -216,6 +219,10 @@ class Correlator:
                 self._finish()
                 b = self._open = self._began(_Builder(first_seq=record.seq), True)
             b.summary, b.summary_seq = line, record.seq
+            if line.pid is not None:
+                if len(self._summaries) >= 64:
+                    self._summaries.pop(next(iter(self._summaries)))
+                self._summaries[line.pid] = (line, record.seq)
         elif isinstance(line, OomSelected):
             if b is None or b.kills or b.selected is not None:
                 self._finish()
@@ -301,6 +308,10 @@ class Correlator:
             self._finish()
             b = self._open = self._began(_Builder(first_seq=record.seq), False)
         assert b is not None
+        if not b.kills and line.pid in self._summaries and (b.summary is None or b.summary.pid != line.pid):
+            b.summary, b.summary_seq = self._summaries[line.pid]  # its own, from an interleaved report
+        if not b.kills:
+            self._summaries.pop(line.pid, None)
         if not b.kills and self._held is not None:
             # The next invocation killed: it did not find the held incident's processes still exiting.
             self._out.append(self._held)
@@ -390,6 +401,8 @@ class Correlator:
         if b.group is None and first.cgroup is not None:
             self._infer_group(b, reprinted=False)  # the listing's lines were lost with the `Tasks in` line
         oom_kind = first.line.oom_kind
+        if oom_kind == "unknown" and b.selected is not None:
+            oom_kind = b.selected.oom_kind  # before 5.1 the kill line has no prefix; `Kill process` said which
         if b.summary is not None:
             constraint = b.summary.constraint
         elif oom_kind == "global":
