@@ -46,8 +46,14 @@ def _driver_module():
         path = getattr(module, "__file__", None)
         if path and os.path.abspath(path) == here and hasattr(module, "Scenario"):
             return module
-    import driver  # only when this module is imported first
-
+    # Imported first (host-side tools): driver.py imports this module back at its end, and must get a complete
+    # copy of it, not this one, half-run.
+    me = sys.modules.pop(__name__, None)
+    try:
+        import driver
+    finally:
+        if me is not None:
+            sys.modules.setdefault(__name__, me)
     return driver
 
 
