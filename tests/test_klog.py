@@ -381,3 +381,15 @@ def test_real_syslog_matches_dev_kmsg() -> None:
     end = syslog[-1][0]
     lines = [(r.usec, part) for r in kmsg if syslog[0][0] <= r.usec <= end for part in r.text.split("\n")]
     assert lines and lines == [x for x in syslog if x[0] <= end][-len(lines):]
+
+
+def test_permission_errors_name_the_fix_for_where_it_runs() -> None:
+    import errno
+
+    from oomwatch.sources.klog import explain_syslog_error
+
+    host = explain_syslog_error("syslog(2)", errno.EPERM, container=False)
+    pod = explain_syslog_error("syslog(2)", errno.EPERM, container=True)
+    assert "run it as root" in host and "container" not in host
+    assert "container's capabilities" in pod
+    assert explain_syslog_error("syslog(2)", errno.ENOSYS).count("syslog(2)") == 1

@@ -179,7 +179,13 @@ def libc_klogctl() -> Syscall:
     return fn
 
 
-def explain_syslog_error(label: str, err: int) -> str:
+def in_container() -> bool:
+    """Whether this process runs in a container (the fix for a missing capability is said differently)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST") or os.environ.get("container")
+                or os.path.exists("/.dockerenv") or os.path.exists("/run/.containerenv"))
+
+
+def explain_syslog_error(label: str, err: int, container: Optional[bool] = None) -> str:
     if err == errno.EPERM:
         restrict = ""
         try:
@@ -187,12 +193,14 @@ def explain_syslog_error(label: str, err: int) -> str:
                 restrict = f" (kernel.dmesg_restrict={f.read().strip()} here)"
         except OSError:
             pass
+        container = in_container() if container is None else container
+        fix = ("add CAP_SYSLOG to the container's capabilities (securityContext.capabilities.add)" if container
+               else "run it as root, or grant CAP_SYSLOG (systemd: AmbientCapabilities=CAP_SYSLOG)")
         return (f"{label}: permission denied (EPERM): reading the kernel log needs CAP_SYSLOG while "
-                f"kernel.dmesg_restrict=1{restrict}, and a seccomp profile or LSM may block syslog(2); "
-                "add CAP_SYSLOG to the container's capabilities")
+                f"kernel.dmesg_restrict=1{restrict}, and a seccomp profile or LSM may block syslog(2); {fix}")
     if err == errno.ENOSYS:
-        return f"{label}: syslog(2) is not available (ENOSYS: kernel built without CONFIG_PRINTK?)"
-    return f"{label}: syslog(2) failed: {os.strerror(err)}"
+        return f"{label}: not available (ENOSYS: kernel built without CONFIG_PRINTK?)"
+    return f"{label}: failed: {os.strerror(err)}"
 
 
 class SyslogKmsg:
