@@ -10,14 +10,13 @@ import math
 import os
 import re
 import shutil
-import sys
 import time
 from collections import Counter, deque
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from oomwatch.config import Config
 from oomwatch.correlator import is_within
-from oomwatch.explain import size
+from oomwatch.explain import explain, size
 from oomwatch.model import Incident, KmsgRecord
 from oomwatch.node import (
     NodePosture,
@@ -28,9 +27,10 @@ from oomwatch.node import (
     with_effective_oom_group,
 )
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
-from oomwatch.parse.kmsg import GARBLED, LOST_MARKER, TextLogStats, parse_text_log
-from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, Lost, is_saved_log, open_kernel_log
-from oomwatch.workloads import WorkloadResolver
+from oomwatch.parse.kmsg import TextLogStats
+from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, Lost, is_saved_log, open_kernel_log, read_saved_log
+from oomwatch.reconcile import counted_incident, counted_since_creation
+from oomwatch.workloads import WorkloadResolver, scope_of
 from oomwatch.workloads.kubelet import read_kubelet_config
 from oomwatch.workloads.runtime import RuntimeNames
 
@@ -51,23 +51,6 @@ def parse_since(text: str, now: float) -> float:
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.timezone.utc)
     return value.timestamp()
-
-
-def _saved_log(source: str, tz, stats: TextLogStats) -> Iterator[Any]:
-    """A saved log's items, as sources.kmsg.read_saved_log gives them, with the reader's account of what it
-    understood (`stats`) and the zone of dates printed without one (`tz`)."""
-    stream: BinaryIO = sys.stdin.buffer if source == "-" else open(source, "rb")
-    try:
-        for record in parse_text_log(stream, tz=tz, stats=stats):
-            if record.priority == LOST_MARKER:
-                yield Lost(None)
-            elif record.priority == GARBLED:
-                yield Garbled(record.text.encode())
-            else:
-                yield record
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
 
 
 def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
@@ -93,7 +76,7 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
         items = list(opened.reader.read_available())
         opened.reader.close()
     else:
-        items = _saved_log(config.kmsg, tz, text_stats)
+        items = read_saved_log(config.kmsg, tz, text_stats)
     incidents: list[Incident] = []
     found = 0
 
@@ -248,6 +231,7 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
         rows = []
         containers = containers_grouped = 0
         paths = list(fs.walk()) if os.path.isdir(config.cgroup_root) else []
+        counted: dict[str, tuple[int, dict[str, int], Optional[int]]] = {}
         for path in paths:  # containers first: their bundles name their pods too
             resolver.container_appeared(path)
         for path in paths:
@@ -257,6 +241,11 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
                 continue
             for pid in stats.pids:
                 pids[pid] = path
+            if stats.events_local is not None:
+                try:
+                    counted[path] = (os.stat(fs.abspath(path)).st_ino, stats.events_local, stats.oom_group)
+                except OSError:
+                    pass  # gone meanwhile
             if workload.type == "k8s-container" and workload.cgroup == path and not workload.sandbox:
                 containers += 1
                 containers_grouped += stats.oom_group == 1
@@ -318,9 +307,32 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
         return proc.cgroup_of(pid) or pids.get(pid)
 
     shown = _Selection(target, container, since, limit)
+    reconciler = None
+    if node_view and not is_saved_log(config.kmsg) and counted:
+        # The kernel's counters are the count of record: kills they show that the ring no longer describes.
+        boot = config.boot_time if config.boot_time is not None else host_boot_time()
+        reconciler = counted_since_creation(
+            {path: (ino, local, int(_grouped(counted, path))) for path, (ino, local, _) in counted.items()},
+            lambda **kw: counted_incident(boot_id=proc.boot_id(), detected_at=clock(), resolve=resolver.resolve,
+                                          scope_of=scope_of, explain=lambda i: explain(i, single), **kw),
+            since=boot)
+
+    def offer(incident: Incident) -> None:
+        if reconciler is not None:
+            reconciler.account(incident)
+        shown.offer(incident)
+
     try:
         _, health = read_incidents(config, resolver, single, cgroup_of_pid if node_view else (lambda p: None),
-                                   boot_id=proc.boot_id(), clock=clock, tz=tz, on_incident=shown.offer)
+                                   boot_id=proc.boot_id(), clock=clock, tz=tz, on_incident=offer)
+        if reconciler is not None:
+            found = reconciler.reconcile(clock(), log_drained_at=clock())
+            for incident in found:
+                shown.offer(incident)
+            if found:
+                notes.append(f"{len(found)} OOM kill(s) counted by the kernel's memory.events are no longer in "
+                             "the kernel log (its ring buffer overwrote them): shown with their cgroup and kind, "
+                             "without process details.")
         report["kmsg"] = health
     except KmsgUnavailable as exc:
         report["kmsg"] = {"source": config.kmsg, "error": str(exc)}
@@ -344,6 +356,15 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
     report["incidents"] = [i.to_json() for i in reversed(shown.newest)]  # newest first
     report["warnings"] = reader_warnings(report["kmsg"])
     return report
+
+
+def _grouped(counted: dict[str, tuple[int, dict[str, int], Optional[int]]], path: str) -> bool:
+    """memory.oom.group=1 on the cgroup or an ancestor: every kill in it is a group kill."""
+    while path and path != "/":
+        if path in counted and counted[path][2] == 1:
+            return True
+        path = path.rsplit("/", 1)[0] or "/"
+    return False
 
 
 class _Selection:
@@ -487,6 +508,10 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         killed = inc["killed"]
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(_epoch(inc["time"])))
         tag = s.red("GROUP") if inc["kind"] == "group" else "single"
+        if inc.get("evidence") == "memory.events":  # counted by the kernel, no longer in its log: no pids
+            out.append(f"  {when}Z  {tag} kill, scope {inc['scope']}, counted from memory.events")
+            out.extend(_wrap(inc["explanation"], width, indent="    "))
+            continue
         out.append(f"  {when}Z  {tag} kill, scope {inc['scope']}, {len(killed)} killed")
         out.extend(_wrap(inc["explanation"], width, indent="    "))
         pids = ", ".join(f"{p['comm']}({p['pid']})" for p in killed)

@@ -233,17 +233,16 @@ def counted_incident(*, boot_id: str, kind: str, cgroup: str, affected: Iterable
     return replace(incident, explanation=explain(incident))
 
 
-def unlogged_kills(readings: dict[str, tuple[int, dict[str, int]]], incidents: Iterable[Incident],
-                   make_incident: Callable[..., Incident], since: float, now: float) -> list[Incident]:
-    """For a one-shot look (`oomwatch inspect` on a live node): the kills each cgroup's memory.events.local
-    counted since the cgroup was made (all after `since`, the boot) that none of `incidents` (the ring buffer's)
-    describes: kills whose records the ring has overwritten. `readings`: path → (inode, counters)."""
+def counted_since_creation(readings: dict[str, tuple[int, dict[str, int], bool]],
+                           make_incident: Callable[..., Incident], since: float) -> Reconciler:
+    """For a one-shot look (`oomwatch inspect` on a live node): a reconciler whose accounts start at zero, the
+    value each cgroup's memory.events.local counters had when it was made (after `since`, the boot). Account
+    the ring buffer's incidents, then `reconcile(now, now)` returns the kills whose records the ring has
+    overwritten. `readings`: path → (inode, counters, memory.oom.group effective there)."""
     r = Reconciler(make_incident, settle=0.0)
-    for path, (ino, counters) in readings.items():
-        r.observe(path, ino, {k: 0 for k in COUNTERS}, since)
-        if "oom_group_kill" not in counters:
-            r.stats.missing_group_counter = True
-        r.observe(path, ino, counters, since)
-    for incident in incidents:
-        r.account(incident)
-    return r.reconcile(now, log_drained_at=now)
+    for path, (ino, counters, grouped) in readings.items():
+        r.observe(path, ino, {k: 0 for k in COUNTERS}, since, grouped)
+        if "oom_group_kill" not in counters and not r.stats.missing_group_counter:
+            r.observe(path, ino, counters, since, grouped)  # notes the missing counter
+        r.observe(path, ino, counters, since, grouped)
+    return r

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from oomwatch.cli import jsonable, main
 from oomwatch.config import Config
 from oomwatch.inspect import build_report, parse_since, render_text
-from tests.conftest import BOOT_TIME, CAPTURES, DETECTED_AT, REPO
+from tests.conftest import BOOT_TIME, CAPTURES, DETECTED_AT, FIXTURES, REPO
 from tests.test_golden import compare
 
 # Relative to the repository (the tests run from there), so golden output holds no checkout path.
@@ -284,3 +284,23 @@ def test_limit_shows_the_newest_and_sums_up_the_rest_by_workload() -> None:
 def test_a_50_mb_name_does_not_hang_the_renderer() -> None:
     report = {"node": None, "workloads": [], "notes": ["x" * 50_000_000], "kmsg": {}, "incidents": []}
     assert len(render_text(report)) < 10_000
+
+
+def test_inspect_on_a_live_node_shows_kills_the_ring_no_longer_describes() -> None:
+    """This machine's real /dev/kmsg (which holds no OOM of the fixture's cgroups) and the golden tree, whose
+    container counted one group kill: inspect shows it, counted from memory.events, without pids."""
+    import os
+
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.fail("this test reads the machine's /dev/kmsg: run the unit tier as root, as scripts/test does")
+    golden = FIXTURES / "golden" / "k8s-runc"
+    result = CliRunner().invoke(main, ["inspect", "--cgroup-root", str(golden / "cgroup"), "--proc",
+                                       str(golden / "proc"), "--run-root", str(golden / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output[result.output.index("{"):])
+    counted = [i for i in data["incidents"] if i["evidence"] == "memory.events"]
+    assert [(i["kind"], i["workload"].get("container"), i["victim"], i["killed"]) for i in counted] == \
+        [("group", "trainer", None, [])]
+    text = CliRunner().invoke(main, ["inspect", "--cgroup-root", str(golden / "cgroup"), "--proc",
+                                     str(golden / "proc"), "--run-root", str(golden / "run")]).output
+    assert "counted from memory.events" in text and "no longer in" in text

@@ -102,11 +102,13 @@ def test_a_kernel_without_oom_group_kill_is_said() -> None:
 
 
 def test_inspect_finds_the_kills_the_ring_no_longer_describes() -> None:
-    from oomwatch.reconcile import unlogged_kills
+    from oomwatch.reconcile import counted_since_creation
 
-    readings = {C: (7, counters(6, 2)), "/system.slice/a.service": (3, counters(1, 0)), "/quiet": (4, counters(0, 0))}
-    in_ring = [logged("group", C, 3, at=500.0)]  # the newer of C's two group kills is still in the ring
-    out = unlogged_kills(readings, in_ring, make, since=100.0, now=1000.0)
+    readings = {C: (7, counters(6, 2), True), "/system.slice/a.service": (3, counters(1, 0), False),
+                "/quiet": (4, counters(0, 0), False)}
+    r = counted_since_creation(readings, make, since=100.0)
+    r.account(logged("group", C, 3, at=500.0))  # the newer of C's two group kills is still in the ring
+    out = r.reconcile(1000.0, log_drained_at=1000.0)
     assert sorted((i.kind, i.workload.type) for i in out) == [("group", "k8s-container"), ("single", "systemd")]
     assert all(i.window_start == 100.0 and i.time == 1000.0 for i in out)
 

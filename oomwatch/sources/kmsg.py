@@ -168,8 +168,9 @@ class LiveKmsg:
         return any(fd == self.fd for fd, _ in events)
 
 
-def read_saved_log(source: Union[str, BinaryIO]) -> Iterator[KmsgItem]:
-    """A saved raw kmsg dump, `dmesg` or `journalctl -k` text; "-" is standard input."""
+def read_saved_log(source: Union[str, BinaryIO], tz=None, stats=None) -> Iterator[KmsgItem]:
+    """A saved raw kmsg dump, `dmesg` or `journalctl -k` text; "-" is standard input. `tz`: the zone of dates
+    printed without one; `stats` (parse.kmsg.TextLogStats): filled with what the reader understood."""
     if source == "-":
         stream: BinaryIO = sys.stdin.buffer
         close = False
@@ -179,7 +180,7 @@ def read_saved_log(source: Union[str, BinaryIO]) -> Iterator[KmsgItem]:
     else:
         stream, close = source, False
     try:
-        for record in parse_text_log(stream):
+        for record in parse_text_log(stream, tz=tz, stats=stats):
             if record.priority == LOST_MARKER:
                 yield Lost(None)
             elif record.priority == GARBLED:
