@@ -276,9 +276,9 @@ def test_rotated_certificates_are_picked_up_by_new_connections(tmp_path: Path, p
     sink = HttpSink("127.0.0.1:0", lambda accept: ("text/plain", [BODY]), Store(), lambda: (True, {}), tls=rotating)
     sink.start()
     try:
-        with socket.create_connection(sink.address, timeout=5) as raw:
-            with client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                served = tls.getpeercert(binary_form=True)
+        with socket.create_connection(sink.address, timeout=5) as raw, \
+                client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            served = tls.getpeercert(binary_form=True)
         assert ssl.DER_cert_to_PEM_cert(served).strip() == (pki / "server2.crt").read_text().strip()
         (tmp_path / "server.key").write_text("garbage")  # a broken rotation keeps the working certificate
         now[0] = 3.0
