@@ -332,9 +332,16 @@ class Agent:
                 self.publish(self.witness.due(), live)
                 caught_up = self.pump.backlog() == 0
                 if caught_up and not self.correlator.pending and not len(self.witness):
-                    self._drained_at = self.clock()
+                    # /dev/kmsg wakes the reader with every record: caught up, the log is read up to now.
+                    # syslog(2) is read only when woken: up to when its last read began.
+                    self._drained_at = (min(self.clock(), self.pump.read_started_wall)
+                                        if self.kmsg_source == "syslog" else self.clock())
                     live = live or self.pump.reads > 0
                 self._reconcile(live)
+                settles_at = self.reconciler.settles_at()
+                if (settles_at is not None and self.kmsg_source == "syslog" and caught_up
+                        and self.pump.read_started_wall < settles_at <= self.clock()):
+                    self.pump.wake()  # syslog(2) is read only when woken: a read after the counters moved
                 self.store.set_cursor(self.boot_id, self._cursor(), self.kmsg_source)
                 if self._dirty and (time.monotonic() - self._saved_at >= SAVE_INTERVAL
                                     or (caught_up and not self.correlator.pending)):
@@ -468,7 +475,7 @@ class Agent:
             self._kmsg_thread = threading.Thread(target=self._process_loop, name="kmsg", daemon=True)
             self._kmsg_thread.start()
         log.info("oomwatch agent listening on %s:%d (cgroups %s, kernel log %s)", *self.http.address,
-                 self.config.cgroup_root, self.config.kmsg)
+                 self.config.cgroup_root, "syslog(2)" if self.kmsg_source == "syslog" else self.config.kmsg)
 
     def _run_watcher(self) -> None:
         assert self.watcher is not None

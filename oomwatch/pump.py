@@ -45,6 +45,7 @@ class KernelLogPump:
         self.alive = False
         self.dead = False  # failed and could not be reopened
         self.drained_at = 0.0  # monotonic time the reader last came back empty: everything before was read
+        self.read_started_wall = 0.0  # epoch time the last complete read began: the log was read up to then
         self.reads = 0
         self._thread: Optional[threading.Thread] = None
         self.last_seq: Optional[int] = None
@@ -121,6 +122,7 @@ class KernelLogPump:
         reader, items = self.reader, self._items
         while True:
             got = False
+            started = time.time()
             for item in reader.read_available():
                 items.append(item)
                 got = True
@@ -131,6 +133,7 @@ class KernelLogPump:
                     if seq is not None:
                         self.last_seq = seq
             self.drained_at = time.monotonic()
+            self.read_started_wall = started
             self.reads += 1
             if got:
                 self._notify()

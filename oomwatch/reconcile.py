@@ -120,6 +120,11 @@ class Reconciler:
         """Whether some cgroup shows kills not yet accounted (the caller then calls reconcile soon)."""
         return any(a.kernel[k] > a.seen[k] for a in self.accounts.values() for k in COUNTERS)
 
+    def settles_at(self) -> Optional[float]:
+        """The earliest time a read of the log that begins then can settle a noticed deficit (None: none)."""
+        times = [a.deficit_at + self.settle for a in self.accounts.values() if a.deficit_at is not None]
+        return min(times) if times else None
+
     def reconcile(self, now: float, log_drained_at: float) -> list[Incident]:
         """Kills the counters show and the log did not describe. `log_drained_at`: the last time the kernel
         log was read to its end with every incident built and accounted. A deficit first noticed at t is

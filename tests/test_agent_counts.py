@@ -161,3 +161,43 @@ def test_a_record_that_breaks_processing_is_skipped_and_counted(tmp_path: Path, 
         assert http_get(base_url(agent) + "/healthz")[0] == 200
         assert agent.store.snapshot().kmsg_parse_errors >= 1
     assert calls is not None
+
+
+def test_syslog_mode_does_not_count_a_kill_twice_when_its_lines_come_late(tmp_path: Path, monkeypatch) -> None:
+    """syslog(2) is read only when woken: the memory.events move wakes it before the kernel has printed the
+    kill's lines. The agent must read again before it believes the counters over the log (found by the image
+    test: every kill in the DaemonSet's syslog mode was reported twice)."""
+    import errno
+    import time
+
+    import oomwatch.sources.klog as klog_module
+    from oomwatch.sources.klog import SyslogKmsg
+    from oomwatch.sources.kmsg import KmsgUnavailable, LiveKmsg
+    from tests.test_klog import FakeKlogctl, syslog_lines
+
+    def refuse(self, after_seq=None):
+        raise KmsgUnavailable("/dev/kmsg: permission denied") from PermissionError(errno.EPERM, "denied")
+
+    monkeypatch.setattr(LiveKmsg, "open", refuse)
+    kernel = FakeKlogctl(syslog_lines(upto_seq=521))
+    monkeypatch.setattr(klog_module, "SyslogKmsg", lambda: SyslogKmsg(syscall=kernel, fallback_interval=3600))
+    tree = tmp_path / "cgroup"
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    for path in ("p/c1", "p"):  # before the third kill
+        (tree / path / "memory.events.local").write_text("max 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+    # The third kill (kernel time 18.755 s) happens 2 s from now.
+    config = agent_config(tmp_path, kmsg="/dev/kmsg", cgroup_root=str(tree), boot_time=time.time() - 16.75)
+    with running_agent(config) as agent:
+        assert wait_for(lambda: len(incidents_of(agent)) == 2)
+        assert agent.kmsg_source == "syslog"
+        time.sleep(2.0)
+        # The counters move (the cue to read: the ring does not hold the kill's lines yet) ...
+        (tree / "p/c1/memory.events.local").write_text("max 0\noom 0\noom_kill 3\noom_group_kill 1\n")
+        (tree / "p/c1/memory.events").write_text("max 0\noom 0\noom_kill 3\noom_group_kill 1\n")
+        time.sleep(0.3)
+        kernel.lines = syslog_lines(upto_seq=562)  # ... and the lines come after, with no cue of their own
+        assert wait_for(lambda: len(incidents_of(agent)) == 3, timeout=10)
+        time.sleep(2.5)  # longer than the settle time: a duplicate would show now
+        incidents = incidents_of(agent)
+    assert [(i["victim"]["pid"], i["evidence"]) for i in incidents][-1] == (132, "kmsg")
+    assert len(incidents) == 3

@@ -20,7 +20,8 @@ class LogSink:
         self._log = logger
 
     def publish(self, incident: Incident) -> None:
-        self._log.info("OOM %s kill (%s): %s", incident.kind, incident.evidence, incident.explanation)
+        source = "counted from memory.events" if incident.evidence == "memory.events" else "from the kernel log"
+        self._log.info("OOM %s kill (%s): %s", incident.kind, source, incident.explanation)
 
 
 class PodEventSink:
