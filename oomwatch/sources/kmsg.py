@@ -63,8 +63,9 @@ def explain_open_error(path: str, exc: OSError) -> str:
         return f"{path} does not exist"
     if exc.errno in (errno.EPERM, errno.EACCES):
         if exc.errno == errno.EPERM:
-            return (f"{path}: permission denied (EPERM: printk_devkmsg=off, or CAP_SYSLOG missing while "
-                    "kernel.dmesg_restrict=1); run as root or grant CAP_SYSLOG")
+            return (f"{path}: permission denied (EPERM: in a container, the runtime's device cgroup refuses "
+                    "/dev/kmsg unless it is privileged; on a host, printk_devkmsg=off, or CAP_SYSLOG missing "
+                    "while kernel.dmesg_restrict=1); run as root or grant CAP_SYSLOG")
         return f"{path}: permission denied; run as root or grant CAP_SYSLOG"
     return f"{path}: {exc.strerror or exc}"
 
