@@ -450,7 +450,12 @@ class Agent:
             log.warning("%s", "; ".join(self.reconciler.stats.notes))
         self._watcher_thread = threading.Thread(target=self._run_watcher, name="cgroups", daemon=True)
         self._watcher_thread.start()
-        self.http = HttpSink(self.config.listen, self.registry, self.store, self.health)
+        web = tls = None
+        if self.config.web_config_file:
+            from oomwatch.sinks.webconfig import load_web_config
+
+            web, tls = load_web_config(self.config.web_config_file)  # checked by the CLI already
+        self.http = HttpSink(self.config.listen, self.registry, self.store, self.health, web=web, tls=tls)
         self.http.start()
         if self.config.proc_connector:
             connector = ProcConnector(self._process_exited, self.clock, on_fork=self._process_forked,

@@ -42,6 +42,8 @@ AGENT_ENV = {
     "OOMWATCH_POD_EVENTS",
     "OOMWATCH_LOG_LEVEL",
     "OOMWATCH_PROC_CONNECTOR",
+    "OOMWATCH_WEB_CONFIG_FILE",
+    "OOMWATCH_DROP_SERIES",
 }
 
 # Metric names of CONTRACT.md (histogram and counter sample names included) plus Prometheus' `up`.
