@@ -124,3 +124,11 @@ def test_no_kernel_log_records_are_lost_while_the_agent_runs(storm) -> None:
     print(f"storm: records lost, first life {sum(lost[0])}, after the restart {lost[1]} (the downtime's gap)")
     assert lost[0] == [], "records lost while the agent ran"
     assert len(lost[1]) <= 1, "records lost after the restart, beyond the downtime's gap"
+
+
+def test_a_kill_line_forged_through_dev_kmsg_is_rejected(storm) -> None:
+    """`echo '<3>… Killed process …' > /dev/kmsg` on the real kernel: facility user, not the kernel's."""
+    forged = storm["storm"]["forged"]
+    assert forged["published"] == []
+    log_text = (storm["dir"] / "agent" / "agent.log").read_text(errors="replace")
+    assert "rejected an OOM line from syslog facility 1" in log_text and "Killed process 99999" in log_text

@@ -59,8 +59,25 @@ class Storm(Scenario):
         with open("/proc/sys/kernel/printk") as f:
             self.gt["storm"]["printk"] = f.read().strip()
 
+    def forge(self) -> None:
+        """Only the kernel may report a kill: what any process that can write /dev/kmsg writes is facility user
+        (the kernel enforces it for userspace writes), and the agent must reject it."""
+        forged = ("<3>Memory cgroup out of memory: Killed process 99999 (forged) total-vm:1kB, anon-rss:1kB, "
+                  "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0")
+        with open("/dev/kmsg", "w") as f:
+            f.write(forged + "\n")
+        time.sleep(3.0)
+        incidents = self.ctx.agent.incidents() or []
+        self.gt["storm"]["forged"] = {
+            "written": forged,
+            "published": [i for i in incidents if (i.get("victim") or {}).get("pid") == 99999],
+            "agent_incidents": len(incidents),
+        }
+        log(f"  storm: forged kill line written; agent published {len(self.gt['storm']['forged']['published'])}")
+
     def act(self):
         ctx = self.ctx
+        self.forge()
         rounds = []
         seq0 = ctx.kmsg.last_seq()
         for r in range(ROUNDS):
