@@ -201,3 +201,39 @@ def test_syslog_mode_does_not_count_a_kill_twice_when_its_lines_come_late(tmp_pa
         incidents = incidents_of(agent)
     assert [(i["victim"]["pid"], i["evidence"]) for i in incidents][-1] == (132, "kmsg")
     assert len(incidents) == 3
+
+
+def test_a_cgroup_that_breaks_its_handler_does_not_stop_the_watch(tmp_path: Path, monkeypatch) -> None:
+    tree = tmp_path / "cgroup"
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    with running_agent(agent_config(tmp_path, cgroup_root=str(tree)), kmsg_factory=SeqpacketKmsg().factory) as agent:
+        real = agent.node.events_changed
+
+        def breaks_on_a(path, local):
+            if path == "/a":
+                raise RuntimeError("a bug")
+            return real(path, local)
+
+        monkeypatch.setattr(agent.node, "events_changed", breaks_on_a)
+        for name in ("memory.events.local", "memory.events"):  # inotify watches memory.events
+            (tree / "a" / name).write_text("max 1\noom 1\noom_kill 1\noom_group_kill 0\n")
+        assert wait_for(lambda: agent.watcher.callback_errors >= 1)
+        for name in ("memory.events.local", "memory.events"):
+            (tree / "b" / name).write_text("max 1\noom 1\noom_kill 9\noom_group_kill 1\n")
+        assert wait_for(lambda: "/b" in agent._oom_kill_at)
+        assert http_get(base_url(agent) + "/healthz")[0] == 200
+
+
+def test_a_thread_that_dies_for_good_makes_the_agent_exit_nonzero(tmp_path: Path, monkeypatch) -> None:
+    import oomwatch.agent as agent_module
+    from oomwatch.sources.cgroupfs import CgroupWatcher
+
+    def dies(self):
+        self.alive = False
+        self.error = "cgroup watcher stopped: the inotify descriptor went bad"
+
+    monkeypatch.setattr(CgroupWatcher, "run", dies)
+    monkeypatch.setattr(agent_module, "FATAL_GRACE_SECONDS", 0.5)
+    agent = Agent(agent_config(tmp_path), kmsg_factory=SeqpacketKmsg().factory)
+    assert agent.run_until_signalled() == 1
+    assert agent.health()[1]["cgroups"].startswith("cgroup watcher stopped")

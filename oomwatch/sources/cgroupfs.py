@@ -243,6 +243,7 @@ class CgroupWatcher:
         self._stop_r, self._stop_w = os.pipe()
         self.error: Optional[str] = None
         self.alive = False
+        self.callback_errors = 0  # callbacks that raised: logged with their cgroup, the watcher goes on
 
     def start_watching(self) -> list[str]:
         """Watch the whole tree; returns the cgroups found (the caller's initial state)."""
@@ -331,7 +332,7 @@ class CgroupWatcher:
                         continue
                     if event.mask & flags.DELETE_SELF:
                         for p in self._forget(parent):
-                            self.on_removed(p)
+                            self._call(self.on_removed, p)
                         continue
                     if not event.mask & flags.ISDIR:
                         continue
@@ -340,32 +341,40 @@ class CgroupWatcher:
                         self._add_subtree(child)
                     elif event.mask & (flags.DELETE | flags.MOVED_FROM):
                         for p in self._forget(child):
-                            self.on_removed(p)
+                            self._call(self.on_removed, p)
                 for path in events_changed:
                     if path in self._events_wd:  # not removed in the same batch
-                        self.on_events(path)
+                        self._call(self.on_events, path)
                 for path in populated:
                     if path in self._populated_wd:
-                        self.on_populated(path)
+                        self._call(self.on_populated, path)
         except Exception as exc:  # the agent reports this in /healthz
             self.error = f"cgroup watcher stopped: {exc}"
             log.exception("cgroup watcher stopped")
         finally:
             self.alive = False
 
+    def _call(self, callback: CgroupCallback, path: str) -> None:
+        """One cgroup's trouble (a file no kernel writes, a bug) must not stop the watch of all the others."""
+        try:
+            callback(path)
+        except Exception:
+            self.callback_errors += 1
+            log.exception("cgroup watcher: handling %s failed; going on with the other cgroups", path)
+
     def _add_subtree(self, path: str) -> None:
         # Children may have been created before our watch on `path` existed: walk them too.
         for sub in CgroupFS(self.fs.abspath(path)).walk():
             full = path if sub == "/" else path + sub
             if full not in self._dir_wd and self._watch(full):
-                self.on_added(full)
+                self._call(self.on_added, full)
 
     def _resync(self) -> None:
         present = set(self.fs.walk())
         for path in list(self._dir_wd):
             if path not in present:
                 for p in self._forget(path):
-                    self.on_removed(p)
+                    self._call(self.on_removed, p)
         for path in sorted(present):
             if path not in self._dir_wd and self._watch(path):
-                self.on_added(path)
+                self._call(self.on_added, path)
