@@ -156,17 +156,23 @@ class LiveKmsg:
     def wait(self, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
         """Block until a record is readable (True), the timeout passes or `wake_fd` becomes readable."""
         assert self.fd is not None
-        poller = select.poll()
-        poller.register(self.fd, select.POLLIN)
-        if wake_fd is not None:
-            poller.register(wake_fd, select.POLLIN)
-        events = poller.poll(None if timeout is None else int(timeout * 1000))
-        if wake_fd is not None and any(fd == wake_fd for fd, _ in events):
-            try:
-                os.read(wake_fd, 4096)  # drain, or the next wait returns at once
-            except BlockingIOError:
-                pass
-        return any(fd == self.fd for fd, _ in events)
+        return wait_readable(self.fd, timeout, wake_fd)
+
+
+def wait_readable(fd: int, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
+    """Block until `fd` is readable (True), `timeout` passes, or `wake_fd` becomes readable (it is drained, or
+    the next wait would return at once)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if wake_fd is not None:
+        poller.register(wake_fd, select.POLLIN)
+    events = poller.poll(None if timeout is None else int(timeout * 1000))
+    if wake_fd is not None and any(ready == wake_fd for ready, _ in events):
+        try:
+            os.read(wake_fd, 4096)
+        except BlockingIOError:
+            pass
+    return any(ready == fd for ready, _ in events)
 
 
 def read_saved_log(source: Union[str, BinaryIO], tz=None, stats=None) -> Iterator[KmsgItem]:

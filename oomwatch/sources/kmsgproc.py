@@ -23,7 +23,7 @@ import struct
 from collections import deque
 from typing import Iterator, Optional
 
-from oomwatch.sources.kmsg import KmsgItem, KmsgUnavailable, LiveKmsg, Lost
+from oomwatch.sources.kmsg import KmsgItem, KmsgUnavailable, LiveKmsg, Lost, wait_readable
 
 _HEADER = struct.Struct("<I")
 # The reader asks for this nice value where it may (CAP_SYS_NICE: root on a host, the systemd unit): during a
@@ -104,17 +104,7 @@ class KmsgChild:
 
     def wait(self, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
         assert self._fd is not None
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN)
-        if wake_fd is not None:
-            poller.register(wake_fd, select.POLLIN)
-        events = poller.poll(None if timeout is None else int(timeout * 1000))
-        if wake_fd is not None and any(fd == wake_fd for fd, _ in events):
-            try:
-                os.read(wake_fd, 4096)
-            except BlockingIOError:
-                pass
-        return any(fd == self._fd for fd, _ in events)
+        return wait_readable(self._fd, timeout, wake_fd)
 
 
 def _child(reader: LiveKmsg, out_fd: int) -> None:
