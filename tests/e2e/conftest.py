@@ -254,3 +254,20 @@ def e2e(request) -> E2ERun:
             pytrace=False,
         )
     return r
+
+
+def boot_for(scenario: str, prefix: str, reuse_env: str, memory_mib: int = vm.DEFAULT_MEMORY_MIB):
+    """A VM boot of its own for one guest scenario (one that must not share the main boot), or the artefacts
+    of an earlier run named by `reuse_env`. Returns (run directory, vm.VMResult or None)."""
+    reuse = os.environ.get(reuse_env)
+    if reuse:
+        return Path(reuse), None
+    try:
+        vm.prepare()
+    except vm.VMUnavailable as e:
+        pytest.fail(f"the end-to-end VM cannot run on this machine: {e}", pytrace=False)
+    run_dir = ARTIFACTS / time.strftime(f"{prefix}-%Y%m%d-%H%M%S")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    _, result = vm.run_scenarios(run_dir, only=scenario, memory_mib=memory_mib)
+    return run_dir, result

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -19,8 +18,7 @@ import pytest
 import yaml
 
 from tests.deploy.dashboard import panel_queries
-from tests.e2e import vm
-from tests.e2e.conftest import ARTIFACTS, load_run, parse_metrics, select
+from tests.e2e.conftest import boot_for, load_run, parse_metrics, select
 
 pytestmark = pytest.mark.e2e
 
@@ -40,21 +38,13 @@ def image_meta() -> dict:
 
 @pytest.fixture(scope="module")
 def image_run():
-    reuse = os.environ.get("OOMWATCH_IMAGE_RUN")
-    if reuse:
-        return load_run(Path(reuse), None, None, 0.0)
-    image_meta()  # fail before booting when there is no image
-    try:
-        vm.prepare()
-    except vm.VMUnavailable as e:
-        pytest.fail(f"the end-to-end VM cannot run on this machine: {e}", pytrace=False)
-    run_dir = ARTIFACTS / time.strftime("image-%Y%m%d-%H%M%S")
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
+    if not os.environ.get("OOMWATCH_IMAGE_RUN"):
+        image_meta()  # fail before booting when there is no image
     t0 = time.monotonic()
-    vm_env, result = vm.run_scenarios(run_dir, only=SCENARIO)
-    run = load_run(run_dir, result, vm_env, time.monotonic() - t0)
-    print(f"\nimage VM boot: {result.seconds:.0f}s (timed out: {result.timed_out}); artefacts in {run_dir}")
+    run_dir, result = boot_for(SCENARIO, "image", "OOMWATCH_IMAGE_RUN")
+    run = load_run(run_dir, result, None, time.monotonic() - t0)
+    if result is not None:
+        print(f"\nimage VM boot: {result.seconds:.0f}s (timed out: {result.timed_out}); artefacts in {run_dir}")
     return run
 
 

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.e2e import vm
-from tests.e2e.conftest import ARTIFACTS, parse_metrics, select
+from tests.e2e.conftest import boot_for, parse_metrics, select
 
 pytestmark = pytest.mark.e2e
 MAX_P99 = float(os.environ.get("OOMWATCH_E2E_MAX_LATENCY", "5"))
@@ -24,19 +20,8 @@ MAX_P99 = float(os.environ.get("OOMWATCH_E2E_MAX_LATENCY", "5"))
 
 @pytest.fixture(scope="module")
 def storm() -> dict:
-    reuse = os.environ.get("OOMWATCH_STORM_RUN")
-    if reuse:
-        run_dir = Path(reuse)
-    else:
-        try:
-            vm.prepare()
-        except vm.VMUnavailable as e:
-            pytest.fail(f"the end-to-end VM cannot run on this machine: {e}", pytrace=False)
-        run_dir = ARTIFACTS / time.strftime("storm-%Y%m%d-%H%M%S")
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
-        # 30 containers at their 24 MiB limits at once need more than the default guest memory
-        vm.run_scenarios(run_dir, only="j_storm", memory_mib=2048)
+    # 30 containers at their 24 MiB limits at once need more than the default guest memory
+    run_dir, _ = boot_for("j_storm", "storm", "OOMWATCH_STORM_RUN", memory_mib=2048)
     sdir = run_dir / "j_storm"
     if not (sdir / "storm.json").exists():
         pytest.fail(f"the storm did not run to its end: see {run_dir}/driver.log", pytrace=False)
