@@ -237,3 +237,25 @@ def test_a_thread_that_dies_for_good_makes_the_agent_exit_nonzero(tmp_path: Path
     agent = Agent(agent_config(tmp_path), kmsg_factory=SeqpacketKmsg().factory)
     assert agent.run_until_signalled() == 1
     assert agent.health()[1]["cgroups"].startswith("cgroup watcher stopped")
+
+
+def test_a_full_disk_names_the_file_counts_it_and_loses_no_incident(tmp_path: Path, monkeypatch) -> None:
+    """/dev/full answers every write with ENOSPC: as the events file, and under the state file's temp file."""
+    import os as os_module
+
+    import oomwatch.store as store_module
+
+    def full_mkstemp(prefix="", dir=None):
+        return os_module.open("/dev/full", os_module.O_WRONLY), os_module.path.join(dir, prefix + "full")
+
+    monkeypatch.setattr(store_module.tempfile, "mkstemp", full_mkstemp)
+    kmsg = SeqpacketKmsg()
+    kmsg.send(upto(521))
+    config = agent_config(tmp_path, events_file="/dev/full")
+    with running_agent(config, kmsg_factory=kmsg.factory) as agent:
+        assert wait_for(lambda: len(incidents_of(agent)) == 2)
+        assert wait_for(lambda: agent.store.snapshot().state_errors >= 1)
+        status, body = http_get(base_url(agent) + "/healthz")
+        health = json.loads(body)
+        assert status == 200 and "state.json" in health["state"] and "No space left" in health["state"]
+        assert agent.events_file.errors == 2 and "/dev/full" in agent.events_file.last_error

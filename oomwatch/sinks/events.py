@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import sys
 import threading
 from typing import Any, Optional, TextIO
@@ -72,6 +73,8 @@ def written_keys(path: str) -> set[tuple]:
     """Keys of the incidents in the last TAIL_BYTES of an events file (a torn last line is skipped)."""
     keys: set[tuple] = set()
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return keys  # a pipe or a device (/dev/stdout, /dev/full) has no past to read back
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - TAIL_BYTES))
