@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional, Union
 
+from oomwatch.parse.pressure import Pressure
+
 KIB = 1024
 
 
@@ -149,6 +151,10 @@ class CgroupStats:
     usage_bytes: Optional[int] = None
     peak_bytes: Optional[int] = None
     pids: tuple[int, ...] = ()
+    # memory.current less memory.stat inactive_file, floored at 0: the kubelet's working set.
+    working_set_bytes: Optional[int] = None
+    # memory.pressure (PSI); None where the kernel has none (psi=0, CONFIG_PSI off) or the cgroup went.
+    pressure: Optional[Pressure] = None
 
 
 # --- workloads --------------------------------------------------------------------------------------

@@ -42,7 +42,15 @@ _GAUGES = (
      "limit_bytes"),
     ("oomwatch_memory_usage_bytes", "memory.current of the workload cgroup.", "usage_bytes"),
     ("oomwatch_memory_peak_bytes", "memory.peak of the workload cgroup (kernel 5.19+).", "peak_bytes"),
+    ("oomwatch_memory_working_set_bytes", "memory.current less memory.stat inactive_file, floored at 0 (the "
+     "kubelet's working set).", "working_set_bytes"),
 )
+_PRESSURE_HELP = ("Time some (kind=some) or all (kind=full) non-idle tasks of the workload cgroup were stalled "
+                  "waiting for memory (memory.pressure total; absent without PSI).")
+_RUN_KILLS_HELP = ("Processes the OOM killer killed in the container's current run (the kernel's memory.events "
+                   "oom_kill of its cgroup, which a restart makes anew); shown once the run has one.")
+_RUN_LAST_HELP = ("Time of the last OOM-kill incident of the container, shown while its current run (cgroup) "
+                  "has had a kernel kill.")
 _EVENTS_HELP = "The kernel's own memory.events counters of the workload cgroup (hierarchical)."
 _LATENCY_HELP = "Time from the kernel's kill to the incident being published."
 
@@ -214,7 +222,32 @@ class OomwatchCollector:
                                          f'{text.tail}}} {fmt(events[event])}\n')
                 if out.full():
                     yield out.take()
-        del live, texts
+        parts.append(_header("oomwatch_memory_pressure_seconds_total", _PRESSURE_HELP, "counter"))
+        for text, (_, stats) in zip(texts, live):
+            pressure = stats.pressure
+            if pressure is not None:
+                for kind in ("some", "full"):
+                    seconds = pressure.total_seconds(kind)
+                    if seconds is not None:
+                        parts.append(f'oomwatch_memory_pressure_seconds_total{{{text.head}kind="{kind}",'
+                                     f'{text.tail}}} {fmt(seconds)}\n')
+            if out.full():
+                yield out.take()
+        runs = [(text, kills, last) for text, (labels, stats) in zip(texts, live)
+                for kills, last in [_run_kills(labels, stats, snap)] if kills]
+        parts.append(_header("oomwatch_container_run_oom_kills_total", _RUN_KILLS_HELP, "counter"))
+        for text, kills, _ in runs:
+            parts.append(f"oomwatch_container_run_oom_kills_total{{{text.head}{text.tail}}} {fmt(kills)}\n")
+            if out.full():
+                yield out.take()
+        parts.append(_header("oomwatch_container_run_last_oom_kill_timestamp_seconds", _RUN_LAST_HELP, "gauge"))
+        for text, _, last in runs:
+            if last is not None:
+                parts.append(f"oomwatch_container_run_last_oom_kill_timestamp_seconds{{{text.head}{text.tail}}} "
+                             f"{fmt(last)}\n")
+            if out.full():
+                yield out.take()
+        del live, texts, runs
         self._forget_label_text()
 
         parts.extend(self._node_lines(snap))
@@ -305,6 +338,25 @@ class OomwatchCollector:
         yield from gauges
         if "memory-events" not in self.drop:
             yield events
+        pressure = CounterMetricFamily("oomwatch_memory_pressure_seconds", _PRESSURE_HELP,
+                                       labels=IDENTITY + ["kind"])
+        run_kills = CounterMetricFamily("oomwatch_container_run_oom_kills", _RUN_KILLS_HELP, labels=IDENTITY)
+        run_last = GaugeMetricFamily("oomwatch_container_run_last_oom_kill_timestamp_seconds", _RUN_LAST_HELP,
+                                     labels=IDENTITY)
+        for labels, stats in sorted(self._live_workloads(), key=lambda item: item[0]):
+            if not self._exported(labels):
+                continue
+            if stats.pressure is not None:
+                for kind in ("some", "full"):
+                    seconds = stats.pressure.total_seconds(kind)
+                    if seconds is not None:
+                        pressure.add_metric([*labels, kind], seconds)
+            kills, last = _run_kills(labels, stats, snap)
+            if kills:
+                run_kills.add_metric(list(labels), kills)
+                if last is not None:
+                    run_last.add_metric(list(labels), last)
+        yield from (pressure, run_kills, run_last)
         node = CounterMetricFamily("oomwatch_node_oom_kills", "OOM-kill incidents on this node.",
                                    labels=["kind", "scope"])
         for (kind, scope), n in sorted(snap.node_kills.items()):
@@ -324,6 +376,21 @@ class OomwatchCollector:
         build = GaugeMetricFamily("oomwatch_build_info", "oomwatch version.", labels=["version"])
         build.add_metric([__version__], 1)
         yield build
+
+
+def _run_kills(labels: Labels, stats: CgroupStats, snap: Snapshot) -> tuple[int, Optional[float]]:
+    """(processes killed in a container's current run, time of its last incident) for a Kubernetes
+    container; (0, None) for anything else. The run is the container's cgroup: a restart makes a new one, whose
+    memory.events start at 0, so the kernel's oom_kill there counts this run only. The time is the store's
+    last incident of the container, shown only while the run has a kill: for the few seconds between a kill
+    and its log record it may still be the previous run's."""
+    if not labels[2] or stats.events is None:
+        return 0, None
+    kills = stats.events.get("oom_kill", 0)
+    if not kills:
+        return 0, None
+    counters = snap.workloads.get(labels)
+    return kills, counters.last_kill if counters is not None else None
 
 
 def _le(bound: float) -> str:

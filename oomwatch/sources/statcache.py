@@ -4,9 +4,11 @@
   the kernel's own inotify IN_MODIFY, see docs/kernel-facts.md) or when someone writes them (a write through
   the VFS raises IN_MODIFY too). They are read once and kept until `invalidate(path)`: the agent's cgroup
   watcher calls it from its inotify callbacks.
-- `memory.current` and `memory.peak` change all the time: they are read with pread(2) at offset 0 on
-  descriptors held open (a kernfs file regenerates its text on a read at offset 0), so a scrape costs one
-  system call per value instead of open + read + close.
+- `memory.current`, `memory.peak`, `memory.stat` (for the working set) and `memory.pressure` (PSI) change all
+  the time: they are read with pread(2) at offset 0 on descriptors held open (a kernfs file regenerates its
+  text on a read at offset 0), so a scrape costs one system call per value instead of open + read + close.
+  A kernel without PSI (booted with psi=0, or CONFIG_PSI off) has no memory.pressure: said once in the log,
+  and the pressure is unknown.
 
 A held descriptor of a removed cgroup reads ENODEV (and one of a cgroup removed and created again under the
 same name keeps reading ENODEV): it is closed and the file opened again by path; ENOENT then means the
@@ -19,6 +21,7 @@ seq_file buffer (one page) charged to the agent's cgroup.
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import threading
@@ -27,6 +30,7 @@ from typing import Callable, Optional
 
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import parse_int, parse_limit, parse_oom_group
+from oomwatch.parse.pressure import parse_memory_stat_field, parse_pressure, working_set_bytes
 from oomwatch.sources.cgroupfs import CgroupFS, cat
 
 # Descriptors left for everything else (HTTP connections, inotify, the kernel log, state files).
@@ -34,7 +38,11 @@ RESERVED_DESCRIPTORS = 1024
 # A file the kernel does not have (memory.peak before 5.19) is looked for again after this long.
 ABSENT_RETRY_SECONDS = 60.0
 _SIGNALLED = ("memory.events", "memory.max", "memory.oom.group")
-_HELD = ("memory.current", "memory.peak")
+_HELD = ("memory.current", "memory.peak", "memory.stat", "memory.pressure")
+# memory.stat is about forty lines (1-3 KiB); the others one or two.
+_HELD_READ = (4096, 4096, 16384, 4096)
+
+log = logging.getLogger(__name__)
 
 
 def descriptor_budget(raise_limit: bool = True) -> int:
@@ -52,18 +60,21 @@ def descriptor_budget(raise_limit: bool = True) -> int:
 
 
 class _Entry:
-    """What is kept per cgroup (small: a node may have tens of thousands). Slot 0 is memory.current, slot 1
-    memory.peak."""
+    """What is kept per cgroup (small: a node may have tens of thousands). Slot N is the file _HELD[N]."""
 
-    __slots__ = ("absent0", "absent1", "fd0", "fd1", "signalled")
+    __slots__ = ("absent0", "absent1", "absent2", "absent3", "fd0", "fd1", "fd2", "fd3", "signalled")
 
     def __init__(self) -> None:
         # (oom_group, limit_bytes, events) as last read; None = read at the next scrape.
         self.signalled: Optional[tuple[Optional[int], Optional[float], Optional[dict[str, int]]]] = None
         self.fd0: Optional[int] = None
         self.fd1: Optional[int] = None
+        self.fd2: Optional[int] = None
+        self.fd3: Optional[int] = None
         self.absent0 = 0.0  # monotonic time before which a missing file is not looked for again
         self.absent1 = 0.0
+        self.absent2 = 0.0
+        self.absent3 = 0.0
 
 
 class StatCache:
@@ -82,6 +93,7 @@ class StatCache:
         self._entries: dict[str, _Entry] = {}
         self._open = 0
         self._lock = threading.Lock()  # a descriptor is never closed while another thread preads it
+        self.psi_absent_logged = False
 
     @property
     def open_descriptors(self) -> int:
@@ -119,6 +131,8 @@ class StatCache:
             # Held files first: a stale descriptor (the cgroup went) also voids the kept values.
             current = self._read_held(entry, 0, base)
             peak = self._read_held(entry, 1, base)
+            stat = self._read_held(entry, 2, base)
+            pressure = self._read_held(entry, 3, base)
             signalled = entry.signalled
             if signalled is None:
                 events_text, limit_text, group_text = (cat(f"{base}/{name}") for name in _SIGNALLED)
@@ -135,22 +149,37 @@ class StatCache:
                 self._close(entry)
                 return None
         oom_group, limit, events = signalled
+        usage = self.fs.parsed(f"{base}/memory.current", current, parse_int)
+        inactive_file = None
+        if stat is not None:
+            inactive_file = parse_memory_stat_field(stat, "inactive_file")
+            if inactive_file is None:
+                self.fs.count_parse_error(f"{base}/memory.stat", stat)
+        if pressure is None and current is not None and not self.psi_absent_logged:
+            # Every cgroup has memory.pressure where PSI is on; one with memory.current and none is a kernel
+            # without PSI.
+            self.psi_absent_logged = True
+            log.warning("%s/memory.pressure is absent: this kernel has no PSI (booted with psi=0, or built "
+                        "without CONFIG_PSI); oomwatch_memory_pressure_seconds_total is not exported", base)
         return CgroupStats(
             path=path, oom_group=oom_group, events=events, limit_bytes=limit,
-            usage_bytes=self.fs.parsed(f"{base}/memory.current", current, parse_int),
+            usage_bytes=usage,
             peak_bytes=self.fs.parsed(f"{base}/memory.peak", peak, parse_int),
+            working_set_bytes=working_set_bytes(usage, inactive_file),
+            pressure=parse_pressure(pressure) if pressure is not None else None,
         )
 
     def _read_held(self, entry: _Entry, slot: int, base: str) -> Optional[str]:
-        fd = entry.fd1 if slot else entry.fd0
+        fd = getattr(entry, f"fd{slot}")
+        size = _HELD_READ[slot]
         if fd is not None:
             try:
-                return os.pread(fd, 4096, 0).decode("utf-8", "replace")
+                return os.pread(fd, size, 0).decode("utf-8", "replace")
             except OSError:  # ENODEV: the cgroup was removed (and may be back under the same name)
                 self._close_slot(entry, slot)
                 entry.signalled = None  # a cgroup back under the same name is another one
         now = self._clock()
-        if (entry.absent1 if slot else entry.absent0) > now:
+        if getattr(entry, f"absent{slot}") > now:
             return None
         name = _HELD[slot]
         if self._open >= self.max_open:
@@ -166,9 +195,11 @@ class StatCache:
         self._set(entry, "fd", slot, fd)
         self._open += 1
         try:
-            return os.pread(fd, 4096, 0).decode("utf-8", "replace")
-        except OSError:
+            return os.pread(fd, size, 0).decode("utf-8", "replace")
+        except OSError:  # EOPNOTSUPP: memory.pressure of a kernel before 6.1 booted with psi=0
             self._close_slot(entry, slot)
+            if slot >= 2:
+                self._set(entry, "absent", slot, now + ABSENT_RETRY_SECONDS)
             return None
 
     @staticmethod
@@ -176,7 +207,7 @@ class StatCache:
         setattr(entry, f"{field}{slot}", value)
 
     def _close_slot(self, entry: _Entry, slot: int) -> None:
-        fd = entry.fd1 if slot else entry.fd0
+        fd = getattr(entry, f"fd{slot}")
         if fd is not None:
             self._set(entry, "fd", slot, None)
             self._open -= 1
@@ -186,5 +217,5 @@ class StatCache:
                 pass
 
     def _close(self, entry: _Entry) -> None:
-        for slot in (0, 1):
+        for slot in range(len(_HELD)):
             self._close_slot(entry, slot)
