@@ -21,8 +21,6 @@ import time
 from collections import deque
 from typing import Callable, Optional
 
-from prometheus_client import CollectorRegistry
-
 from oomwatch.config import Config
 from oomwatch.explain import explain
 from oomwatch.model import Incident, KmsgRecord
@@ -35,6 +33,7 @@ from oomwatch.sinks.collector import OomwatchCollector
 from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc
+from oomwatch.sources.statcache import StatCache
 from oomwatch.sources.kmsgproc import KmsgChild
 from oomwatch.sources.kmsg import (
     Garbled,
@@ -120,8 +119,11 @@ class Agent:
         self._saved_at = 0.0
         self._drained_at = 0.0  # wall time the log was last read to its end with everything published
         self.http: Optional[HttpSink] = None
-        self.registry = CollectorRegistry()
-        self.registry.register(OomwatchCollector(self.store, self.node.live_workloads, self.posture.info))
+        self.stat_cache = StatCache(self.fs)
+        self.node.stat_cache = self.stat_cache
+        self.collector = OomwatchCollector(self.store, self.node.live_workloads, self.posture.info,
+                                          cgroup_parse_errors=lambda: self.fs.parse_errors,
+                                          drop=config.drop_series)
 
     # --- helpers for the parts ----------------------------------------------------------------------
 
@@ -169,6 +171,7 @@ class Agent:
         self._observe(path)
 
     def _cgroup_removed(self, path: str) -> None:
+        self.stat_cache.forget(path)
         self.node.cgroup_removed(path)
         self._observations.append(("removed", path, 0, {}, self.clock(), False))
         self._wake()
@@ -177,12 +180,17 @@ class Agent:
         ino, local = self.fs.read_local_events(path)
         if local is None or ino is None:
             return
+        self.stat_cache.invalidate(path)
         moved = self.node.events_changed(path, local)
         if moved["oom_kill"] or moved["oom_group_kill"]:
             self._observations.append(("counters", path, ino, local, self.clock(), self._grouped(path)))
             if self.kmsg_source == "syslog" and self.pump is not None:
                 self.pump.wake()  # syslog(2) cannot be waited on: a kill here is the cue to read
             self._wake()
+
+    def _limits_changed(self, path: str) -> None:
+        self.stat_cache.invalidate(path)
+        self.node.limits_changed(path)
 
     # --- proc connector thread -----------------------------------------------------------------------
 
@@ -440,6 +448,9 @@ class Agent:
         self.watcher = CgroupWatcher(self.fs, on_added=self._cgroup_added, on_removed=self._cgroup_removed,
                                      on_events=self._cgroup_events, on_populated=self.node.populated)
         self.node.known = self.watcher.known
+        self.watcher.on_limits = self._limits_changed
+        self.watcher.on_resync = self.stat_cache.invalidate_all
+        self.node.unwatched_limits = self.watcher.unwatched_limits
         for path in self.watcher.start_watching():
             self._cgroup_added(path)
         self.node.cgns_prefix = self.node.find_cgroup_namespace_prefix()
@@ -455,7 +466,7 @@ class Agent:
             from oomwatch.sinks.webconfig import load_web_config
 
             web, tls = load_web_config(self.config.web_config_file)  # checked by the CLI already
-        self.http = HttpSink(self.config.listen, self.registry, self.store, self.health, web=web, tls=tls)
+        self.http = HttpSink(self.config.listen, self.collector.metrics, self.store, self.health, web=web, tls=tls)
         self.http.start()
         if self.config.proc_connector:
             connector = ProcConnector(self._process_exited, self.clock, on_fork=self._process_forked,
@@ -531,6 +542,7 @@ class Agent:
             self.pod_index.stop()
         if self.http is not None:
             self.http.stop()
+        self.stat_cache.close()
         if self.events_file is not None:
             self.events_file.close()
         if self.state_file is not None:

@@ -47,6 +47,9 @@ class NodeState:
         self._workloads: dict[str, Labels] = {}
         self.cgns_prefix: Optional[str] = None
         self.known: Callable[[], Iterable[str]] = lambda: ()  # the watcher's cgroups (set by the agent)
+        self.stat_cache = None  # sources.statcache.StatCache: scrape-time reads (set by the agent)
+        self.unwatched_limits: set[str] = set()  # cgroups whose limit files inotify cannot watch
+        self._identity: dict[str, object] = {}  # workload cgroup → identify(path), once
 
     # --- NodeView ----------------------------------------------------------------------------------
 
@@ -178,7 +181,7 @@ class NodeState:
             labels = self._workloads.pop(path, None)
             still_used = labels in self._workloads.values()
             for per_path in (self._last_local, self._pid_snapshot_at, self._oom_at, self._oom_kill_at,
-                             self._oom_group):
+                             self._oom_group, self._identity):
                 per_path.pop(path, None)
             # Its processes are gone (a cgroup is removed only when empty), and their incidents were built.
             for pid in self._pids_by_cgroup.pop(path, ()):
@@ -217,6 +220,16 @@ class NodeState:
             self.cgroup_added(path)  # a plain cgroup that just got a limit or oom.group becomes a workload
         return moved
 
+    def limits_changed(self, path: str) -> None:
+        """memory.max or memory.oom.group was written: its flag now, and whether it became a workload."""
+        oom_group = self.fs.read_oom_group(path)
+        with self._lock:
+            if oom_group is not None:
+                self._oom_group[path] = oom_group
+            is_workload = path in self._workloads
+        if not is_workload:
+            self.cgroup_added(path)
+
     def populated(self, path: str) -> None:
         """A cgroup got its first process (a container's init, its resources now set): pids and oom.group."""
         self.snapshot_pids(path)
@@ -234,13 +247,22 @@ class NodeState:
     def live_workloads(self) -> Iterable[tuple[Labels, CgroupStats]]:
         self.store.expire()  # drop the series of workloads gone longer than the grace period
         seen: set[Labels] = set()
+        cache = self.stat_cache
         for path, labels in self.workload_items():
             if labels in seen:
                 continue
-            stats = self.fs.read_stats(path, with_local=False)
+            if cache is None:
+                stats = self.fs.read_stats(path, with_local=False)
+            else:
+                if path in self.unwatched_limits:
+                    cache.invalidate(path)  # no inotify on its limits: read them every time
+                stats = cache.read(path)
             if stats is not None:
                 seen.add(labels)
-                yield labels, with_effective_oom_group(self.fs, identify(path), stats)
+                workload = self._identity.get(path)
+                if workload is None:
+                    workload = self._identity[path] = identify(path)
+                yield labels, with_effective_oom_group(self.fs, workload, stats)
 
     def is_workload(self, path: str) -> bool:
         with self._lock:

@@ -232,6 +232,13 @@ class CgroupWatcher:
         self._inotify_simple = inotify_simple
         self.fs = fs
         self.on_added, self.on_removed, self.on_events = on_added, on_removed, on_events
+        # memory.max or memory.oom.group written (a runtime setting a container's limits): IN_MODIFY through the
+        # VFS. Paths whose limit files could not be watched (max_user_watches) are kept in `unwatched_limits`.
+        self.on_limits: CgroupCallback = lambda path: None
+        self.on_resync: Callable[[], None] = lambda: None
+        self._wd_limits: dict[int, str] = {}
+        self._limits_wds: dict[str, list[int]] = {}
+        self.unwatched_limits: set[str] = set()
         self.on_populated = on_populated
         self._wd_populated: dict[int, str] = {}
         self._populated_wd: dict[str, int] = {}
@@ -276,6 +283,15 @@ class CgroupWatcher:
                 self._populated_wd[path] = pwd
             except OSError:
                 pass
+            for name in ("memory.max", "memory.oom.group"):
+                try:
+                    lwd = self._inotify.add_watch(f"{base}/{name}", flags.MODIFY)
+                    self._wd_limits[lwd] = path
+                    self._limits_wds.setdefault(path, []).append(lwd)
+                except FileNotFoundError:
+                    pass  # no memory controller here
+                except OSError:
+                    self.unwatched_limits.add(path)  # out of watches: its limits are read every time
         return True
 
     def _forget(self, path: str) -> list[str]:
@@ -290,6 +306,9 @@ class CgroupWatcher:
             pwd = self._populated_wd.pop(p, None)
             if pwd is not None:
                 self._wd_populated.pop(pwd, None)
+            for lwd in self._limits_wds.pop(p, ()):
+                self._wd_limits.pop(lwd, None)
+            self.unwatched_limits.discard(p)
         return gone
 
     def known(self) -> list[str]:
@@ -316,6 +335,7 @@ class CgroupWatcher:
                 # read once (an OOM storm moves every ancestor's counters with every kill).
                 events_changed: dict[str, None] = {}
                 populated: dict[str, None] = {}
+                limits: dict[str, None] = {}
                 for event in self._inotify.read(timeout=0):
                     if event.mask & flags.Q_OVERFLOW:
                         log.warning("inotify queue overflowed; re-reading the cgroup tree")
@@ -326,6 +346,9 @@ class CgroupWatcher:
                         continue
                     if event.wd in self._wd_populated and event.mask & flags.MODIFY:
                         populated[self._wd_populated[event.wd]] = None
+                        continue
+                    if event.wd in self._wd_limits and event.mask & flags.MODIFY:
+                        limits[self._wd_limits[event.wd]] = None
                         continue
                     parent = self._wd_dir.get(event.wd)
                     if parent is None:
@@ -348,6 +371,9 @@ class CgroupWatcher:
                 for path in populated:
                     if path in self._populated_wd:
                         self._call(self.on_populated, path)
+                for path in limits:
+                    if path in self._limits_wds:
+                        self._call(self.on_limits, path)
         except Exception as exc:  # the agent reports this in /healthz
             self.error = f"cgroup watcher stopped: {exc}"
             log.exception("cgroup watcher stopped")
@@ -370,6 +396,7 @@ class CgroupWatcher:
                 self._call(self.on_added, full)
 
     def _resync(self) -> None:
+        self.on_resync()
         present = set(self.fs.walk())
         for path in list(self._dir_wd):
             if path not in present:
