@@ -30,6 +30,9 @@ ROLES = ("victim", "collateral")
 SCOPES = ("container", "pod", "node", "cgroup")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+# Series sets kept at most (13 series each): a live workload is never dropped, gone ones are, oldest first.
+MAX_WORKLOADS = 20_000
+
 Labels = tuple[str, str, str, str]  # namespace, pod, container, cgroup (CONTRACT identity labels)
 
 
@@ -54,6 +57,7 @@ class Snapshot:
     kmsg_rejected: int
     counted_from_events: int
     state_errors: int
+    workloads_dropped: int
     latency_buckets: tuple[int, ...]
     latency_count: int
     latency_sum: float
@@ -65,7 +69,9 @@ class StateError(Exception):
 
 class Store:
     def __init__(self, *, max_incidents: int = 500, grace_seconds: float = 600.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, max_workloads: int = MAX_WORKLOADS) -> None:
+        self.max_workloads = max_workloads
+        self._dropped = 0  # workloads whose series were dropped to stay under max_workloads
         self._lock = threading.Lock()
         self._clock = clock
         self.grace_seconds = grace_seconds
@@ -103,7 +109,12 @@ class Store:
                                 incident.workload)
                 by_labels.setdefault(workload.metric_labels(), []).append(role)
             for labels, roles in by_labels.items():
-                counters = self._workloads.setdefault(labels, WorkloadCounters())
+                counters = self._workloads.get(labels)
+                if counters is None:
+                    # Known only from the log (a replayed log, a cgroup already gone): its series expire after
+                    # the grace period like those of a workload that went away.
+                    counters = self._workloads[labels] = WorkloadCounters(gone_since=self._clock())
+                    self._cap()
                 counters.kills[incident.kind] += 1
                 for role in roles:
                     counters.killed[role] += 1
@@ -133,6 +144,18 @@ class Store:
         """A live workload: its counters exist (at 0 before its first kill) and it is not gone."""
         with self._lock:
             self._workloads.setdefault(labels, WorkloadCounters()).gone_since = None
+            self._cap()
+
+    def _cap(self) -> None:
+        """At most `max_workloads` series sets (a node running short-lived Slurm steps, Jobs or systemd scopes
+        for weeks): beyond it, the workloads gone longest are dropped first, and counted."""
+        excess = len(self._workloads) - self.max_workloads
+        if excess <= 0:
+            return
+        gone = sorted((c.gone_since, labels) for labels, c in self._workloads.items() if c.gone_since is not None)
+        for _, labels in gone[:excess]:
+            del self._workloads[labels]
+            self._dropped += 1
 
     def gone(self, labels: Labels) -> None:
         with self._lock:
@@ -188,6 +211,7 @@ class Store:
                 kmsg_rejected=self._kmsg["rejected"],
                 counted_from_events=self._counted_from_events,
                 state_errors=self._state_errors,
+                workloads_dropped=self._dropped,
                 latency_buckets=tuple(self._buckets),
                 latency_count=self._lat_count,
                 latency_sum=self._lat_sum,

@@ -116,6 +116,16 @@ class ReferenceCollector:
                                   "oomwatch could read them.", value=snap.kmsg_lost)
         yield CounterMetricFamily("oomwatch_kmsg_parse_errors", "Kernel log records that looked like OOM "
                                   "reports but did not parse.", value=snap.kmsg_parse_errors)
+        yield CounterMetricFamily("oomwatch_kmsg_rejected_records", "Kernel log records with an OOM line from a "
+                                  "syslog facility other than the kernel's (written to /dev/kmsg by a process), "
+                                  "ignored.", value=snap.kmsg_rejected)
+        yield CounterMetricFamily("oomwatch_oom_kills_counted_from_events", "OOM kills the kernel counted in "
+                                  "memory.events that no kernel log record described (overwritten before they "
+                                  "were read, or while the agent was down).", value=snap.counted_from_events)
+        yield CounterMetricFamily("oomwatch_state_write_errors", "State saves that failed (disk full, "
+                                  "read-only).", value=snap.state_errors)
+        yield CounterMetricFamily("oomwatch_workloads_dropped", "Workloads whose series were dropped, gone ones "
+                                  "first, to stay under the store's cap.", value=snap.workloads_dropped)
         if self.cgroup_parse_errors is not None:
             yield CounterMetricFamily("oomwatch_cgroup_parse_errors", "cgroup file values the kernel would "
                                       "not print (negative, out of range, garbage), read as unknown.",
@@ -287,7 +297,8 @@ def test_series_per_workload() -> None:
     per_pod = [line for line in lines if 'container=""' in line and 'pod="p"' in line]
     assert len(per_container) == len(per_pod) == 2 + 2 + 4 + 5  # kills, killed, 4 gauges, 5 events
     node_level = len(lines) - len(per_container) - len(per_pod)
-    assert node_level == 8 + 1 + 3 + 16 + 1  # node kills, node_info, kmsg counters, histogram, build_info
+    # node kills, node_info, kmsg counters, the agent's own health counters, histogram, build_info
+    assert node_level == 8 + 1 + 3 + 4 + 16 + 1
 
 
 @pytest.mark.tools

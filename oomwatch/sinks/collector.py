@@ -291,6 +291,17 @@ class OomwatchCollector:
             ("oomwatch_kmsg_parse_errors_total", "Kernel log records that looked like OOM reports but did "
              "not parse.", snap.kmsg_parse_errors),
         ]
+        counters += [
+            ("oomwatch_kmsg_rejected_records_total", "Kernel log records with an OOM line from a syslog facility "
+             "other than the kernel's (written to /dev/kmsg by a process), ignored.", snap.kmsg_rejected),
+            ("oomwatch_oom_kills_counted_from_events_total", "OOM kills the kernel counted in memory.events that "
+             "no kernel log record described (overwritten before they were read, or while the agent was "
+             "down).", snap.counted_from_events),
+            ("oomwatch_state_write_errors_total", "State saves that failed (disk full, read-only).",
+             snap.state_errors),
+            ("oomwatch_workloads_dropped_total", "Workloads whose series were dropped, gone ones first, to stay "
+             "under the store's cap.", snap.workloads_dropped),
+        ]
         if self._cgroup_parse_errors is not None:
             counters.append(("oomwatch_cgroup_parse_errors_total", "cgroup file values the kernel would not "
                              "print (negative, out of range, garbage), read as unknown.",

@@ -1,0 +1,38 @@
+"""The store's series stay bounded: workloads known only from the log expire like gone ones, and a cap drops the
+workloads gone longest first, counted."""
+
+from __future__ import annotations
+
+from oomwatch.model import Incident, KilledProcess, Workload
+from oomwatch.store import Store
+
+
+def kill_in(cgroup: str, n: int) -> Incident:
+    victim = KilledProcess(pid=n, comm="x", cgroup=cgroup)
+    return Incident(time=float(n), boot_id="b", kernel_seq=n, kind="single", constraint="memcg", scope="cgroup",
+                    oom_cgroup=cgroup, group_cgroup=None, trigger=None, memory=None, victim=victim,
+                    killed=(victim,), workload=Workload(type="other", cgroup=cgroup), explanation="",
+                    detected_at=float(n))
+
+
+def test_workloads_seen_only_in_the_log_expire_after_the_grace_period() -> None:
+    now = [1000.0]
+    store = Store(grace_seconds=600.0, clock=lambda: now[0])
+    store.seen(("", "", "", "/live"))
+    store.publish(kill_in("/live", 1))
+    store.publish(kill_in("/replayed", 2))
+    now[0] += 601
+    store.expire()
+    assert set(store.snapshot().workloads) == {("", "", "", "/live")}
+
+
+def test_the_cap_drops_gone_workloads_first_and_counts_them() -> None:
+    now = [0.0]
+    store = Store(clock=lambda: now[0], max_workloads=3)
+    store.seen(("", "", "", "/live"))
+    for n in range(5):
+        now[0] = float(n)
+        store.publish(kill_in(f"/step{n}", n))
+    snap = store.snapshot()
+    assert set(snap.workloads) == {("", "", "", "/live"), ("", "", "", "/step3"), ("", "", "", "/step4")}
+    assert snap.workloads_dropped == 3
