@@ -73,7 +73,7 @@ class ReferenceCollector:
                                        "(kind=full) non-idle tasks of the workload cgroup were stalled waiting "
                                        "for memory (memory.pressure total; absent without PSI).",
                                        labels=IDENTITY + ["kind"])
-        run_kills = CounterMetricFamily("oomwatch_container_run_oom_kills", "Processes the OOM killer killed in "
+        run_kills = GaugeMetricFamily("oomwatch_container_run_oom_kills", "Processes the OOM killer killed in "
                                         "the container's current run (the kernel's memory.events oom_kill of "
                                         "its cgroup, which a restart makes anew); shown once the run has one.",
                                         labels=IDENTITY)

@@ -112,7 +112,7 @@ def test_exposition_of_risk_and_run_series() -> None:
     assert sum(line.startswith("oomwatch_memory_pressure_seconds_total") for line in series) == 4
     run = [line for line in series if line.startswith("oomwatch_container_run_")]
     assert run == [
-        'oomwatch_container_run_oom_kills_total{cgroup="",container="trainer",namespace="ml",pod="train-0"} 2.0',
+        'oomwatch_container_run_oom_kills{cgroup="",container="trainer",namespace="ml",pod="train-0"} 2.0',
         'oomwatch_container_run_last_oom_kill_timestamp_seconds{cgroup="",container="trainer",namespace="ml",'
         'pod="train-0"} 1.7953800195e+09',
     ]

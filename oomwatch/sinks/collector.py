@@ -235,9 +235,9 @@ class OomwatchCollector:
                 yield out.take()
         runs = [(text, kills, last) for text, (labels, stats) in zip(texts, live)
                 for kills, last in [_run_kills(labels, stats, snap)] if kills]
-        parts.append(_header("oomwatch_container_run_oom_kills_total", _RUN_KILLS_HELP, "counter"))
+        parts.append(_header("oomwatch_container_run_oom_kills", _RUN_KILLS_HELP, "gauge"))
         for text, kills, _ in runs:
-            parts.append(f"oomwatch_container_run_oom_kills_total{{{text.head}{text.tail}}} {fmt(kills)}\n")
+            parts.append(f"oomwatch_container_run_oom_kills{{{text.head}{text.tail}}} {fmt(kills)}\n")
             if out.full():
                 yield out.take()
         parts.append(_header("oomwatch_container_run_last_oom_kill_timestamp_seconds", _RUN_LAST_HELP, "gauge"))
@@ -351,7 +351,7 @@ class OomwatchCollector:
             yield events
         pressure = CounterMetricFamily("oomwatch_memory_pressure_seconds", _PRESSURE_HELP,
                                        labels=IDENTITY + ["kind"])
-        run_kills = CounterMetricFamily("oomwatch_container_run_oom_kills", _RUN_KILLS_HELP, labels=IDENTITY)
+        run_kills = GaugeMetricFamily("oomwatch_container_run_oom_kills", _RUN_KILLS_HELP, labels=IDENTITY)
         run_last = GaugeMetricFamily("oomwatch_container_run_last_oom_kill_timestamp_seconds", _RUN_LAST_HELP,
                                      labels=IDENTITY)
         for labels, stats in sorted(self._live_workloads(), key=lambda item: item[0]):

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import CONTRACT_METRICS, DASHBOARD, run
+from .conftest import CONTRACT_METRICS, DASHBOARD, RULES, run
 from .dashboard import BUILTINS, panel_queries, substitute
 
 ALL = {"namespace": ".*", "pod": ".*", "node": ".*"}
@@ -92,9 +92,15 @@ def test_panels_have_unique_ids_and_positions() -> None:
 
 
 def test_queries_use_contract_metrics_only() -> None:
+    """Contract metrics, or recording rules (`oomwatch:…`) that the shipped rules file defines."""
+    recorded = {r["record"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
+                if "record" in r}
     for title, expr in panel_queries(DASHBOARD, ALL):
         names = set(re.findall(r"\b(oomwatch_\w+)\b", expr))
-        assert names and names <= CONTRACT_METRICS, (title, names - CONTRACT_METRICS)
+        records = set(re.findall(r"\b(oomwatch:[\w:]+)", expr))
+        assert names or records, title
+        assert names <= CONTRACT_METRICS, (title, names - CONTRACT_METRICS)
+        assert records <= recorded, (title, records - recorded)
 
 
 @pytest.mark.tools
