@@ -176,6 +176,10 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
       journalctl -k -b -1 | oomwatch inspect --kmsg -
       oomwatch inspect --json --kmsg fixtures/kmsg/linux-6.1-runc-group-pidns.kmsg
 
+    "At risk" lists workloads that use 80% of their memory limit (working set, as the kubelet counts it) or
+    stall on memory (PSI), least headroom first, each with its reason; "Restarted containers" says whether a
+    container's last restart followed an OOM kill in the kernel log.
+
     Every run says how many kernel-log records it read and understood and how many OOM reports it found;
     input it could not read is a warning on stderr (with the first such line), an empty or unreadable log an
     error (exit 1).

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Optional
 from oomwatch.config import Config
 from oomwatch.correlator import is_within
 from oomwatch.explain import explain, size
-from oomwatch.model import Incident, KmsgRecord
+from oomwatch.model import CgroupStats, Incident, KmsgRecord
 from oomwatch.node import (
     NodePosture,
     cgroup_version_label,
@@ -196,6 +196,86 @@ def _risk(row: dict) -> tuple:
             -(events.get("max", 0)), row["cgroup"])
 
 
+# "At risk": a finite limit with at least this share of it used, or any full memory stall in the last minute.
+AT_RISK_SHARE = 0.8
+# A kernel kill this long before a container's new run began can be what ended the previous run (the kubelet's
+# CrashLoopBackOff waits at most 5 minutes before it restarts a container).
+RESTART_AFTER_KILL_SECONDS = 600.0
+
+
+def _pressure_json(stats: CgroupStats) -> Optional[dict[str, Optional[float]]]:
+    p = stats.pressure
+    if p is None:
+        return None
+    return {f"{kind}_{field}": getattr(line, field) if line is not None else None
+            for kind, line in (("some", p.some), ("full", p.full)) for field in ("avg10", "avg60")}
+
+
+def at_risk(row: dict, stats: CgroupStats) -> Optional[dict[str, Any]]:
+    """A workload near its limit or stalled on memory, with the reason in one line; None for the others.
+    The working set (memory.current less inactive file pages, as the kubelet counts it) is measured against
+    memory.max; where memory.stat is unreadable, memory.current is."""
+    limit = stats.limit_bytes
+    used, measure = ((stats.working_set_bytes, "working set") if stats.working_set_bytes is not None
+                     else (stats.usage_bytes, "usage"))
+    if limit is None or math.isinf(limit) or not limit or used is None:
+        return None
+    pressure = _pressure_json(stats)
+    full = max((pressure or {}).get("full_avg10") or 0.0, (pressure or {}).get("full_avg60") or 0.0)
+    share = used / limit
+    if share < AT_RISK_SHARE and not full:
+        return None
+    parts = [f"{measure} {size(used)} of {size(limit)} ({share:.0%}), {size(max(0.0, limit - used))} free"]
+    if pressure is None:
+        parts.append("pressure unknown (no memory.pressure: PSI off)")
+    else:
+        parts.append(f"stalled on memory {pressure['some_avg10'] or 0:.1f}% (some) / "
+                     f"{pressure['full_avg10'] or 0:.1f}% (full) of the last 10 s")
+    hits = (stats.events or {}).get("max", 0)
+    if hits:
+        parts.append(f"limit hit {hits} time{'s' if hits != 1 else ''}")
+    return {"cgroup": row["cgroup"], "name": row["name"], "limit_bytes": limit, "measure": measure,
+            "used_bytes": used, "headroom_bytes": max(0.0, limit - used), "pressure": pressure,
+            "reason": "; ".join(parts)}
+
+
+def restart_count(pod_log_dir: str, workload: dict) -> Optional[int]:
+    """How many times the kubelet restarted a container, from its log files (`<pod log dir>/<namespace>_<pod>_
+    <uid>/<container>/<restart count>.log`, rotated ones `N.log.<date>`); None when they cannot be read."""
+    ns, pod, uid, name = (workload.get(k) for k in ("namespace", "pod", "pod_uid", "container"))
+    if not (ns and pod and uid and name):
+        return None
+    try:
+        files = os.listdir(os.path.join(pod_log_dir, f"{ns}_{pod}_{uid}", name))
+    except OSError:
+        return None
+    counts = [int(f.split(".", 1)[0]) for f in files if f.split(".", 1)[0].isdigit() and ".log" in f]
+    return max(counts) if counts else None
+
+
+def restart_cause(restarts: int, run_started: float, kills: list[tuple[float, str]],
+                  log_readable: bool) -> dict[str, Any]:
+    """Whether a container's last restart followed an OOM kill: the last kernel-log kill of the container
+    before its current run (cgroup) began, within RESTART_AFTER_KILL_SECONDS. `kills`: (time, victim) of the
+    container's incidents in the kernel log."""
+    began = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run_started)) + "Z"
+    out: dict[str, Any] = {"restarts": restarts, "run_started": began, "oom_kill": None, "kill_time": None}
+    before = [k for k in kills if k[0] <= run_started]
+    if not log_readable:
+        out["why"] = f"restarted {restarts}x, current run since {began}; unknown why: the kernel log is unreadable"
+        return out
+    last = max(before) if before else None
+    if last is not None and run_started - last[0] <= RESTART_AFTER_KILL_SECONDS:
+        out.update(oom_kill=True, kill_time=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(last[0])) + "Z")
+        out["why"] = (f"restarted {restarts}x; the last restart followed an OOM kill ({last[1]} killed at "
+                      f"{out['kill_time']}, {run_started - last[0]:.0f} s before the current run began)")
+    else:
+        out["oom_kill"] = False
+        out["why"] = (f"restarted {restarts}x; no OOM kill of it in the kernel log in the 10 minutes before the "
+                      f"current run began ({began}): not an OOM kill, unless the log no longer reaches back")
+    return out
+
+
 def _matches(target: Optional[str], container: Optional[str], workload: dict, cgroup: Optional[str]) -> bool:
     if container and workload.get("container") != container:
         return False
@@ -232,6 +312,8 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
         containers = containers_grouped = 0
         paths = list(fs.walk()) if os.path.isdir(config.cgroup_root) else []
         counted: dict[str, tuple[int, dict[str, int], Optional[int]]] = {}
+        risks: list[dict[str, Any]] = []
+        restarted: list[tuple[dict, int, float]] = []  # (row, restart count, run start)
         for path in paths:  # containers first: their bundles name their pods too
             resolver.container_appeared(path)
         for path in paths:
@@ -264,8 +346,20 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
                 "events": {k: v for k, v in (stats.events or {}).items()
                            if k in ("max", "high", "oom", "oom_kill", "oom_group_kill")},
             })
+            risk = at_risk(rows[-1], stats)
+            if risk is not None:
+                risks.append(risk)
+            restarts = restart_count(config.pod_log_dir, rows[-1]["workload"]) if workload.container else None
+            if restarts:
+                try:  # a restart makes a new cgroup: its creation is the current run's start
+                    restarted.append((rows[-1], restarts, os.stat(fs.abspath(path)).st_ctime))
+                except OSError:
+                    pass
         rows.sort(key=_risk)
         report["workloads"] = [r for r in rows if _matches(target, container, r["workload"], r["cgroup"])]
+        shown_cgroups = {r["cgroup"] for r in report["workloads"]}
+        report["at_risk"] = sorted((r for r in risks if r["cgroup"] in shown_cgroups),
+                                   key=lambda r: (r["headroom_bytes"] / r["limit_bytes"], r["cgroup"]))
         share = containers_grouped / containers if containers else None
         mismatch = None
         if single == "false" and containers and containers_grouped < containers:
@@ -317,10 +411,16 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
                                           scope_of=scope_of, explain=lambda i: explain(i, single), **kw),
             since=boot)
 
+    container_kills: dict[tuple, list[tuple[float, str]]] = {}
+
     def offer(incident: Incident) -> None:
         if reconciler is not None:
             reconciler.account(incident)
         shown.offer(incident)
+        for w in incident.workloads or (incident.workload,):
+            if w is not None and w.container:
+                victim = incident.victim.comm if incident.victim is not None else "a process"
+                container_kills.setdefault((w.namespace, w.pod, w.container), []).append((incident.time, victim))
 
     try:
         _, health = read_incidents(config, resolver, single, cgroup_of_pid if node_view else (lambda p: None),
@@ -354,6 +454,16 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
         report["not_shown"] = {"count": sum(shown.hidden.values()),
                                "by_workload": dict(shown.hidden.most_common())}
     report["incidents"] = [i.to_json() for i in reversed(shown.newest)]  # newest first
+    if node_view and restarted:
+        readable = not (report["kmsg"] or {}).get("error")
+        report["restarts"] = []
+        for row, restarts, started in restarted:
+            if row["cgroup"] not in {r["cgroup"] for r in report["workloads"]}:
+                continue
+            w = row["workload"]
+            kills = container_kills.get((w.get("namespace"), w.get("pod"), w.get("container")), [])
+            report["restarts"].append({"cgroup": row["cgroup"], "name": row["name"],
+                                       **restart_cause(restarts, started, kills, readable)})
     report["warnings"] = reader_warnings(report["kmsg"])
     return report
 
@@ -484,6 +594,21 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
                              "(processes killed in it or below), since it was created", width))
         else:
             out.append("  none found")
+        out.append("")
+        risks = report.get("at_risk", [])
+        out.append(s.bold(f"At risk ({len(risks)}, least headroom first)"))
+        for r in risks:
+            out.extend(_wrap(f"{s.yellow(r['name'])}: {r['reason']}", width))
+        if not risks:
+            out.extend(_wrap(f"none: no workload uses {AT_RISK_SHARE:.0%} of its limit or stalls on memory", width))
+        out.append("")
+    if report.get("restarts"):
+        out.append(s.bold("Restarted containers"))
+        for r in report["restarts"]:
+            out.extend(_wrap(f"{r['name']}: {r['why']}", width))
+        out.extend(_wrap("inspect sees the current run's cgroup and the kernel log only: the ended run's cgroup "
+                         "(its memory.events) is gone, and Kubernetes' own reason is in `kubectl describe pod`",
+                         width))
         out.append("")
     incidents = report["incidents"]
     kmsg = report.get("kmsg") or {}

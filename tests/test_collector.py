@@ -151,8 +151,9 @@ def reference_text(collector) -> bytes:
 def test_golden_trees_byte_identical_to_prometheus_client(case: Path, tmp_path: Path) -> None:
     with running_agent(golden_config(case, tmp_path), clock=lambda: DETECTED_AT) as agent:
         assert wait_for(lambda: agent.kmsg_alive), agent.kmsg_error
-        ours = OomwatchCollector(agent.store, agent.live_workloads, agent.posture.info)
-        reference = ReferenceCollector(agent.store, agent.live_workloads, agent.posture.info)
+        ours = agent.collector  # what the agent serves
+        reference = ReferenceCollector(agent.store, agent.live_workloads, agent.posture.info,
+                                       cgroup_parse_errors=lambda: agent.fs.parse_errors)
         content_type, chunks = ours.metrics("text/plain")
         body = b"".join(chunks)
         assert body == reference_text(reference)

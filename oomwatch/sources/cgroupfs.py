@@ -22,6 +22,7 @@ from oomwatch.parse.cgroup import (
     parse_proc_pid_cgroup,
     parse_proc_stat_exiting,
 )
+from oomwatch.parse.pressure import parse_memory_stat_field, parse_pressure, working_set_bytes
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,11 @@ class CgroupFS:
         if with_pids:
             procs = cat(f"{base}/cgroup.procs")
             pids = parse_pids(procs) if procs is not None else ()
+        usage = self.parsed(f"{base}/memory.current", current, parse_int)
+        stat = cat(f"{base}/memory.stat")
+        inactive_file = self.parsed(f"{base}/memory.stat", stat,
+                                    lambda text: parse_memory_stat_field(text, "inactive_file"))
+        pressure = cat(f"{base}/memory.pressure")  # absent where the kernel has no PSI
         return CgroupStats(
             path=path,
             oom_group=self.parsed(f"{base}/memory.oom.group", cat(f"{base}/memory.oom.group"),
@@ -138,9 +144,11 @@ class CgroupFS:
             events=self.parsed_events(f"{base}/memory.events", events_text),
             events_local=self.parsed_events(f"{base}/memory.events.local", local),
             limit_bytes=self.parsed(f"{base}/memory.max", limit, parse_limit),
-            usage_bytes=self.parsed(f"{base}/memory.current", current, parse_int),
+            usage_bytes=usage,
             peak_bytes=self.parsed(f"{base}/memory.peak", cat(f"{base}/memory.peak"), parse_int),
             pids=pids,
+            working_set_bytes=working_set_bytes(usage, inactive_file),
+            pressure=parse_pressure(pressure) if pressure is not None else None,
         )
 
     def read_pids(self, path: str) -> tuple[int, ...]:
