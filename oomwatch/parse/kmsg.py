@@ -38,6 +38,8 @@ class KmsgParseError(ValueError):
 def unescape(raw: bytes) -> str:
     """Undo the kernel's `\\xNN` escaping; bytes that are not UTF-8 (a process may name itself anything)
     come out as `\\xNN` again rather than failing."""
+    if b"\\" not in raw:  # the common case: nothing escaped
+        return raw.decode("utf-8", "backslashreplace")
     return _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), raw).decode("utf-8", "backslashreplace")
 
 
@@ -55,7 +57,10 @@ def parse_kmsg_record(raw: bytes) -> KmsgRecord:
         raise KmsgParseError(f"bad record prefix {head[:60]!r}") from exc
     if priority < 0 or seq < 0 or usec < 0 or usec > MAX_USEC or seq > MAX_SEQ:
         raise KmsgParseError(f"field out of range in record prefix {head[:60]!r}")
-    lines = rest.rstrip(b"\n").split(b"\n")
+    rest = rest.rstrip(b"\n")
+    if b"\n" not in rest:  # no dictionary continuation lines: most records
+        return KmsgRecord(priority=priority, seq=seq, usec=usec, text=unescape(rest))
+    lines = rest.split(b"\n")
     fields = []
     for line in lines[1:]:
         if line.startswith(b" "):

@@ -23,6 +23,8 @@ and scopes (`kubepods.slice`, `cri-containerd-….scope`, `slurmstepd.scope`).
 
 from __future__ import annotations
 
+import functools
+
 import re
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -280,6 +282,7 @@ def _identify_systemd(parts: list[str]) -> Optional[Workload]:
     return None
 
 
+@functools.lru_cache(maxsize=8192)  # pure: a path's identity never changes (an OOM storm asks again and again)
 def identify(cgroup_path: str) -> Workload:
     """What the cgroup at `cgroup_path` belongs to, from the path alone (names come later, from the
     runtime and the API server). Never raises; an unrecognised path is type "other" with itself as
