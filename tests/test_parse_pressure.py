@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oomwatch.parse.pressure import (
     Pressure,
@@ -70,3 +72,23 @@ def test_memory_stat_field_and_working_set() -> None:
     assert working_set_bytes(80_000_000, 16384000) == 63_616_000
     assert working_set_bytes(1000, 16384000) == 0
     assert working_set_bytes(None, 5) is None and working_set_bytes(5, None) is None
+
+
+PSI_PIECES = ["some ", "full ", "avg10=", "avg60=", "avg300=", "total=", ".", " ", "\n", "=", "-", "100.01",
+              "99.99", "0.00", "18446744073709551616", "9" * 30, "nan", "inf", "\x00", "inactive_file ", "anon "]
+psi_text = st.lists(st.one_of(st.sampled_from(PSI_PIECES), st.text(max_size=6),
+                              st.integers(min_value=-(10 ** 25), max_value=10 ** 25).map(str)),
+                    max_size=40).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(psi_text)
+def test_never_raises_and_values_stay_in_range(text: str) -> None:
+    p = parse_pressure(text)
+    for line in (p.some, p.full):
+        if line is not None:
+            for avg in (line.avg10, line.avg60, line.avg300):
+                assert avg is None or 0.0 <= avg <= 100.0
+            assert line.total_usec is None or 0 <= line.total_usec < 2 ** 64
+    value = parse_memory_stat_field(text, "inactive_file")
+    assert value is None or 0 <= value < 2 ** 64
