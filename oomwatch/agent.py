@@ -62,6 +62,29 @@ PROCESSOR_NICE = -5
 FATAL_GRACE_SECONDS = 30.0
 
 
+def _then_release_memory(chunks):
+    """A scrape's body, then its garbage handed back to the kernel: a 2,000-container body is megabytes of
+    short-lived strings, and glibc keeps freed heap (RSS grew by a third over 1,000 scrapes without this)."""
+    yield from chunks
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    global _libc
+    if _libc is None:
+        try:
+            import ctypes
+
+            _libc = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc: nothing to trim
+            _libc = False
+    if _libc:
+        _libc(0)
+
+
+_libc = None
+
+
 class Agent:
     def __init__(self, config: Config, clock: Callable[[], float] = time.time,
                  kmsg_factory: Optional[Callable[[str], LiveKmsg]] = None,
@@ -187,6 +210,10 @@ class Agent:
             if self.kmsg_source == "syslog" and self.pump is not None:
                 self.pump.wake()  # syslog(2) cannot be waited on: a kill here is the cue to read
             self._wake()
+
+    def _metrics(self, accept: str):
+        content_type, chunks = self.collector.metrics(accept)
+        return content_type, _then_release_memory(chunks)
 
     def _limits_changed(self, path: str) -> None:
         self.stat_cache.invalidate(path)
@@ -466,7 +493,7 @@ class Agent:
             from oomwatch.sinks.webconfig import load_web_config
 
             web, tls = load_web_config(self.config.web_config_file)  # checked by the CLI already
-        self.http = HttpSink(self.config.listen, self.collector.metrics, self.store, self.health, web=web, tls=tls)
+        self.http = HttpSink(self.config.listen, self._metrics, self.store, self.health, web=web, tls=tls)
         self.http.start()
         if self.config.proc_connector:
             connector = ProcConnector(self._process_exited, self.clock, on_fork=self._process_forked,

@@ -29,6 +29,13 @@ OOM_HINT_SECONDS = 10.0
 MAX_PIDS = 1 << 20
 
 
+_WATCHED = ("max", "oom", "oom_kill", "oom_group_kill")
+
+
+def _moved_counters(local: dict[str, int]) -> tuple[int, int, int, int]:
+    return tuple(local.get(k, 0) for k in _WATCHED)  # type: ignore[return-value]
+
+
 class NodeState:
     """Implements `correlator.NodeView`. `clock` gives epoch seconds (hint times are compared with kernel
     times of kills, converted to epoch by the boot time)."""
@@ -42,7 +49,8 @@ class NodeState:
         self._oom_group: dict[str, int] = {}
         self._oom_at: dict[str, float] = {}
         self._oom_kill_at: dict[str, float] = {}
-        self._last_local: dict[str, dict[str, int]] = {}
+        # memory.events.local as last read, as (max, oom, oom_kill, oom_group_kill): a tuple, not a dict, per cgroup
+        self._last_local: dict[str, tuple[int, int, int, int]] = {}
         self._pid_snapshot_at: dict[str, float] = {}
         self._workloads: dict[str, Labels] = {}
         self.cgns_prefix: Optional[str] = None
@@ -157,7 +165,7 @@ class NodeState:
         with self._lock:
             if stats is not None:
                 if stats.events_local is not None:
-                    self._last_local[path] = stats.events_local
+                    self._last_local[path] = _moved_counters(stats.events_local)
                 if stats.oom_group is not None:
                     self._oom_group[path] = stats.oom_group
             pod_known = workload.pod_cgroup in self._workloads
@@ -196,9 +204,9 @@ class NodeState:
         moved. Only OOM moves do work: hints, and for workloads a pid snapshot and a re-read of oom.group."""
         now = self.clock()
         with self._lock:
-            before = self._last_local.get(path, {})
-            self._last_local[path] = local
-            moved = {k: local.get(k, 0) > before.get(k, 0) for k in ("max", "oom", "oom_kill", "oom_group_kill")}
+            before = self._last_local.get(path, (0, 0, 0, 0))
+            now_counts = self._last_local[path] = _moved_counters(local)
+            moved = {k: a > b for k, a, b in zip(_WATCHED, now_counts, before)}
             if moved["oom"]:
                 self._oom_at[path] = now
             if moved["oom_kill"]:

@@ -33,21 +33,41 @@ SETTLE_SECONDS = 1.0
 MAX_INCIDENTS_PER_CGROUP = 1000
 
 
-@dataclass
+class Counts:
+    """oom_kill and oom_group_kill, indexed by name like a dict but a fraction of one's memory (one of these per
+    cgroup, twice, on a node of thousands)."""
+
+    __slots__ = ("oom_kill", "oom_group_kill")
+
+    def __init__(self, values: dict) -> None:
+        self.oom_kill = int(values.get("oom_kill", 0))
+        self.oom_group_kill = int(values.get("oom_group_kill", 0))
+
+    def __getitem__(self, name: str) -> int:
+        return getattr(self, name)
+
+    def __setitem__(self, name: str, value: int) -> None:
+        setattr(self, name, value)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"oom_kill": self.oom_kill, "oom_group_kill": self.oom_group_kill}
+
+
+@dataclass(slots=True)
 class Account:
     """One cgroup's accounting: `seen` is what is accounted for, `kernel` the last reading."""
 
     ino: int  # the cgroup directory's inode: a cgroup removed and made again under the same path starts anew
     first_seen: float  # kernel-clock epoch seconds: log records older than this are not ours to account
-    seen: dict[str, int]
-    kernel: dict[str, int]
+    seen: Counts
+    kernel: Counts
     since: float  # the end of the last window in which this cgroup's counters were all accounted for
     deficit_at: Optional[float] = None  # when a positive deficit was first noticed
     gone: bool = False
     grouped: bool = False  # memory.oom.group=1 here or above: every kill in it is a group kill
     def to_state(self) -> dict:
-        return {"ino": self.ino, "first_seen": self.first_seen, "seen": dict(self.seen),
-                "kernel": dict(self.kernel), "since": self.since}
+        return {"ino": self.ino, "first_seen": self.first_seen, "seen": self.seen.to_dict(),
+                "kernel": self.kernel.to_dict(), "since": self.since}
 
 
 @dataclass
@@ -80,7 +100,7 @@ class Reconciler:
                                     "log lost are counted from oom_kill alone, and their kind is unknown")
         acct = self.accounts.get(path)
         if acct is None or acct.ino != ino:
-            self.accounts[path] = Account(ino=ino, first_seen=now, seen=dict(reading), kernel=dict(reading),
+            self.accounts[path] = Account(ino=ino, first_seen=now, seen=Counts(reading), kernel=Counts(reading),
                                           since=now, grouped=grouped)
             return False
         acct.gone = False
@@ -205,7 +225,7 @@ class Reconciler:
         """Restore accounts saved with the cursor (validated by the caller's schema check)."""
         for path, entry in state.items():
             self.accounts[path] = Account(ino=entry["ino"], first_seen=entry["first_seen"],
-                                          seen=dict(entry["seen"]), kernel=dict(entry["kernel"]),
+                                          seen=Counts(entry["seen"]), kernel=Counts(entry["kernel"]),
                                           since=entry["since"], gone=True)  # until seen again this run
 
 
