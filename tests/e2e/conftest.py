@@ -256,9 +256,11 @@ def e2e(request) -> E2ERun:
     return r
 
 
-def boot_for(scenario: str, prefix: str, reuse_env: str, memory_mib: int = vm.DEFAULT_MEMORY_MIB):
+def boot_for(scenario: str, prefix: str, reuse_env: str, memory_mib: int = vm.DEFAULT_MEMORY_MIB,
+             settings: dict | None = None):
     """A VM boot of its own for one guest scenario (one that must not share the main boot), or the artefacts
-    of an earlier run named by `reuse_env`. Returns (run directory, vm.VMResult or None)."""
+    of an earlier run named by `reuse_env`. `settings` go to the guest as settings.json in the run directory
+    (the guest does not see the host's environment). Returns (run directory, vm.VMResult or None)."""
     reuse = os.environ.get(reuse_env)
     if reuse:
         return Path(reuse), None
@@ -269,5 +271,6 @@ def boot_for(scenario: str, prefix: str, reuse_env: str, memory_mib: int = vm.DE
     run_dir = ARTIFACTS / time.strftime(f"{prefix}-%Y%m%d-%H%M%S")
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
+    (run_dir / "settings.json").write_text(json.dumps(settings or {}))
     _, result = vm.run_scenarios(run_dir, only=scenario, memory_mib=memory_mib)
     return run_dir, result

@@ -21,7 +21,9 @@ MAX_P99 = float(os.environ.get("OOMWATCH_E2E_MAX_LATENCY", "5"))
 @pytest.fixture(scope="module")
 def storm() -> dict:
     # 30 containers at their 24 MiB limits at once need more than the default guest memory
-    run_dir, _ = boot_for("j_storm", "storm", "OOMWATCH_STORM_RUN", memory_mib=2048)
+    sizes = {"containers": int(os.environ.get("OOMWATCH_STORM_CONTAINERS", "30")),
+             "rounds": int(os.environ.get("OOMWATCH_STORM_ROUNDS", "3"))}
+    run_dir, _ = boot_for("j_storm", "storm", "OOMWATCH_STORM_RUN", memory_mib=2048, settings={"storm": sizes})
     sdir = run_dir / "j_storm"
     if not (sdir / "storm.json").exists():
         pytest.fail(f"the storm did not run to its end: see {run_dir}/driver.log", pytrace=False)

@@ -8,6 +8,7 @@ kernel's default 128 KiB ring buffer. The kernel's own memory.events of every cg
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,8 +19,7 @@ import __main__ as driver  # imported by tests/e2e/guest/driver.py, which runs a
 CG, Scenario, cg_enable, hexid, jdump = driver.CG, driver.Scenario, driver.cg_enable, driver.hexid, driver.jdump
 log, uid_for, wfile = driver.log, driver.uid_for, driver.wfile
 
-CONTAINERS = int(os.environ.get("OOMWATCH_STORM_CONTAINERS", "30"))
-ROUNDS = int(os.environ.get("OOMWATCH_STORM_ROUNDS", "3"))
+CONTAINERS, ROUNDS = 30, 3  # the host's OOMWATCH_STORM_CONTAINERS/_ROUNDS come through settings.json
 LIMIT = 24 << 20
 HOG = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"]
 
@@ -39,12 +39,19 @@ def spawn_in(cgroup: str, argv: list[str]) -> subprocess.Popen:
 
 class Storm(Scenario):
     name = "j_storm"
-    description = (f"{CONTAINERS} kubelet-shaped containers (24M, memory.oom.group=1) x {ROUNDS} concurrent OOM "
-                   "rounds; the agent SIGKILLed in round 2 and restarted in round 3")
+    description = ("kubelet-shaped containers (24M, memory.oom.group=1; 30 x 3 unless the host says otherwise) "
+                   "OOM in concurrent rounds; the agent SIGKILLed in round 2 and restarted in round 3")
 
     def setup(self):
         self.cgroups = []
-        for i in range(CONTAINERS):
+        try:
+            with open(os.path.join(self.ctx.out, "settings.json")) as f:
+                sizes = json.load(f).get("storm", {})
+        except (OSError, ValueError):
+            sizes = {}
+        self.containers_n = int(sizes.get("containers", CONTAINERS))
+        self.rounds_n = int(sizes.get("rounds", ROUNDS))
+        for i in range(self.containers_n):
             uid = uid_for(f"storm-{i}")
             pod = f"/kubepods/burstable/pod{uid}"
             cg_enable(pod)
@@ -55,7 +62,7 @@ class Storm(Scenario):
             wfile(f"{CG}{cgroup}/memory.swap.max", 0)
             wfile(f"{CG}{cgroup}/memory.oom.group", 1)
             self.cgroups.append(cgroup)
-        self.gt["storm"] = {"containers": self.cgroups, "rounds": ROUNDS}
+        self.gt["storm"] = {"containers": self.cgroups, "rounds": self.rounds_n}
         with open("/proc/sys/kernel/printk") as f:
             self.gt["storm"]["printk"] = f.read().strip()
 
@@ -80,7 +87,7 @@ class Storm(Scenario):
         self.forge()
         rounds = []
         seq0 = ctx.kmsg.last_seq()
-        for r in range(ROUNDS):
+        for r in range(self.rounds_n):
             sleeps = [spawn_in(cg, ["sleep", "600"]) for cg in self.cgroups]
             time.sleep(1.0)  # as a container's other processes would: there before the hog
             event: dict = {"round": r + 1, "mono": time.monotonic()}
