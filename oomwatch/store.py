@@ -30,6 +30,8 @@ ROLES = ("victim", "collateral")
 SCOPES = ("container", "pod", "node", "cgroup")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
+MAX_EXPLANATION = 1000  # characters of an incident's explanation kept for the info series
+
 # Series sets kept at most (13 series each): a live workload is never dropped, gone ones are, oldest first.
 MAX_WORKLOADS = 20_000
 
@@ -42,6 +44,7 @@ class WorkloadCounters:
     killed: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})
     last_kill: Optional[float] = None
     gone_since: Optional[float] = None  # set when its cgroup disappears; dropped after the grace period
+    last_incident: Optional[tuple[str, str, str]] = None  # (kind, scope, explanation) of its last incident
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ class Store:
                 counters.kills[incident.kind] += 1
                 for role in roles:
                     counters.killed[role] += 1
+                if incident.time >= (counters.last_kill or 0.0):
+                    counters.last_incident = (incident.kind, incident.scope, incident.explanation[:MAX_EXPLANATION])
                 counters.last_kill = max(counters.last_kill or 0.0, incident.time)
                 if counters.gone_since is not None:
                     counters.gone_since = self._clock()  # an incident keeps a gone workload visible a while
@@ -201,7 +206,8 @@ class Store:
     def snapshot(self) -> Snapshot:
         with self._lock:
             return Snapshot(
-                workloads={k: WorkloadCounters(dict(v.kills), dict(v.killed), v.last_kill, v.gone_since)
+                workloads={k: WorkloadCounters(dict(v.kills), dict(v.killed), v.last_kill, v.gone_since,
+                                               v.last_incident)
                            for k, v in self._workloads.items()},
                 node_kills=dict(self._node_kills),
                 incidents=tuple(self._incidents),
@@ -227,6 +233,7 @@ class Store:
                 "cursor_seq": self.cursor_seq,
                 "cursor_source": self.cursor_source,
                 "workloads": [{"labels": list(k), "kills": v.kills, "killed": v.killed, "last_kill": v.last_kill,
+                               "last_incident": list(v.last_incident) if v.last_incident else None,
                                "gone_since": v.gone_since} for k, v in self._workloads.items()],
                 "node_kills": [[k, s, n] for (k, s), n in self._node_kills.items()],
                 "incidents": list(self._incidents),
@@ -249,6 +256,10 @@ class Store:
             c.kills.update(v.counts(entry, "kills", KINDS))
             c.killed.update(v.counts(entry, "killed", ROLES))
             c.last_kill = v.time(entry, "last_kill")
+            last_incident = entry.get("last_incident")
+            v.expect(last_incident is None or (isinstance(last_incident, list) and len(last_incident) == 3 and all(
+                isinstance(x, str) and len(x) <= MAX_EXPLANATION for x in last_incident)), "last_incident")
+            c.last_incident = tuple(last_incident) if last_incident else None
             c.gone_since = v.time(entry, "gone_since")
             workloads[labels] = c
         node = {(k, s): 0 for k in KINDS for s in SCOPES}

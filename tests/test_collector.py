@@ -53,7 +53,14 @@ class ReferenceCollector:
                 killed.add_metric([*labels, role], counters.killed[role])
             if counters.last_kill is not None:
                 last.add_metric(list(labels), counters.last_kill)
-        yield from (kills, killed, last)
+        info = GaugeMetricFamily("oomwatch_last_oom_kill_info", "The last OOM-kill incident of this workload, "
+                                 "explained in one sentence (1; replaced at its next incident).",
+                                 labels=IDENTITY + ["explanation", "kind", "scope"])
+        for labels, counters in sorted(snap.workloads.items()):
+            if counters.last_incident is not None:
+                kind, scope, explanation = counters.last_incident
+                info.add_metric([*labels, explanation, kind, scope], 1)
+        yield from (kills, killed, last, info)
         oom_group = GaugeMetricFamily("oomwatch_memory_oom_group", "Current memory.oom.group of the "
                                       "workload cgroup (1: an OOM kill takes every process).",
                                       labels=IDENTITY)

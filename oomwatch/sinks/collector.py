@@ -65,6 +65,10 @@ class NodeInfo:
     single_process_oom_kill: str  # true | false | unknown
 
 
+_LAST_INFO_HELP = ("The last OOM-kill incident of this workload, explained in one sentence (1; replaced at its "
+                   "next incident).")
+
+
 def escape_label_value(value: str) -> str:
     """The text format's label-value escaping: backslash, newline and double quote."""
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
@@ -198,6 +202,14 @@ class OomwatchCollector:
             if counters.last_kill is not None:
                 parts.append(f"oomwatch_last_oom_kill_timestamp_seconds{{{text.head}{text.tail}}} "
                              f"{fmt(counters.last_kill)}\n")
+        parts.append(_header("oomwatch_last_oom_kill_info", _LAST_INFO_HELP, "gauge"))
+        for text, (_, counters) in zip(texts, workloads):
+            if counters.last_incident is not None:
+                kind, scope, explanation = counters.last_incident
+                parts.append(f'oomwatch_last_oom_kill_info{{{text.head}explanation="{escape_label_value(explanation)}",'
+                             f'kind="{kind}",{text.tail},scope="{scope}"}} 1.0\n')
+            if out.full():
+                yield out.take()
         del workloads, texts
 
         live = sorted(((labels, stats) for labels, stats in self._live_workloads() if self._exported(labels)),
@@ -333,7 +345,13 @@ class OomwatchCollector:
                 killed.add_metric([*labels, role], counters.killed[role])
             if counters.last_kill is not None:
                 last.add_metric(list(labels), counters.last_kill)
-        yield from (kills, killed, last)
+        info = GaugeMetricFamily("oomwatch_last_oom_kill_info", _LAST_INFO_HELP,
+                                 labels=IDENTITY + ["explanation", "kind", "scope"])
+        for labels, counters in sorted(snap.workloads.items()):
+            if self._exported(labels) and counters.last_incident is not None:
+                info.add_metric([*labels, counters.last_incident[2], counters.last_incident[0],
+                                 counters.last_incident[1]], 1)
+        yield from (kills, killed, last, info)
         gauges = [GaugeMetricFamily(name, help_text, labels=IDENTITY) for name, help_text, _ in _GAUGES]
         events = CounterMetricFamily("oomwatch_memory_events", _EVENTS_HELP, labels=IDENTITY + ["event"])
         for labels, stats in sorted(self._live_workloads(), key=lambda item: item[0]):
