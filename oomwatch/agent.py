@@ -112,7 +112,8 @@ class Agent:
             from oomwatch.sinks.k8s_events import PodEventRecorder
 
             self.pod_events = PodEventRecorder.from_environment(node_name=config.node_name)
-        self.events_file = EventsFile(config.events_file) if config.events_file else None
+        self.events_file = (EventsFile(config.events_file, hold=bool(config.state_dir)) if config.events_file
+                            else None)
         self.sinks: list[IncidentSink] = [LogSink(log)]  # after the store: each incident once
         if self.events_file is not None:
             self.sinks.append(self.events_file)
@@ -269,6 +270,8 @@ class Agent:
             if self.state_error is None:
                 log.error("cannot write state: %s", exc.strerror or exc)
             self.state_error = str(exc.strerror or exc)
+        if self.events_file is not None:
+            self.events_file.flush()  # after the state that counts them (or after trying: never held for ever)
 
     # --- processor thread ------------------------------------------------------------------------------
 
@@ -472,6 +475,9 @@ class Agent:
                 self.pump.start()
         if self.events_file is not None:
             self.events_file.open()
+            caught_up = self.events_file.catch_up(list(self.store.snapshot().incidents))
+            if caught_up:
+                log.info("events file: %d incident(s) the saved state holds were written now", caught_up)
         self.watcher = CgroupWatcher(self.fs, on_added=self._cgroup_added, on_removed=self._cgroup_removed,
                                      on_events=self._cgroup_events, on_populated=self.node.populated)
         self.node.known = self.watcher.known

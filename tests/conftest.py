@@ -90,6 +90,10 @@ class SeqpacketKmsg:
         import threading
 
         records = list(records)
+        if len(records) <= 64:  # fits the socket: queued at once, as the kernel prints a report's lines at once
+            for r in records:
+                self.writer.send(r)
+            return
         thread = threading.Thread(target=lambda: [self.writer.send(r) for r in records], daemon=True)
         thread.start()
         self.senders = getattr(self, "senders", []) + [thread]

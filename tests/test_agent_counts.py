@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
+import time
 from pathlib import Path
 
 from oomwatch.agent import Agent
@@ -259,3 +260,40 @@ def test_a_full_disk_names_the_file_counts_it_and_loses_no_incident(tmp_path: Pa
         health = json.loads(body)
         assert status == 200 and "state.json" in health["state"] and "No space left" in health["state"]
         assert agent.events_file.errors == 2 and "/dev/full" in agent.events_file.last_error
+
+
+def test_events_file_lines_follow_the_saved_state(tmp_path: Path) -> None:
+    """A line is written only once the state that counts its incident is saved, and a start writes what the
+    saved state holds and the file lacks (a crash between the two writes): never a line for a kill the next
+    start will publish again, never one missing."""
+    kmsg = SeqpacketKmsg()
+    kmsg.send(upto(521))
+    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
+        assert wait_for(lambda: len(incidents_of(agent)) == 2)
+        assert agent.events_file.hold
+        assert wait_for(lambda: len(events(tmp_path)) == 2)  # flushed with the save when the log went quiet
+    (tmp_path / "events.jsonl").write_text("")  # the crash came after the state was saved, before the lines
+    kmsg = SeqpacketKmsg()
+    kmsg.send(upto(521))
+    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
+        assert wait_for(lambda: len(events(tmp_path)) == 2)
+        time.sleep(0.5)
+    assert [e["victim"]["pid"] for e in events(tmp_path)] == [118, 125]
+
+
+def test_held_lines_are_written_on_flush_only() -> None:
+    import tempfile
+
+    from oomwatch.sinks.events import EventsFile
+    from tests.test_store_cap import kill_in
+
+    path = Path(tempfile.mkdtemp()) / "events.jsonl"
+    sink = EventsFile(str(path), hold=True)
+    sink.open()
+    sink.publish(kill_in("/a", 1))
+    assert path.read_text() == ""
+    sink.flush()
+    sink.publish(kill_in("/a", 1))  # the same incident again (a re-read record): not written twice
+    sink.flush()
+    sink.close()
+    assert len(path.read_text().splitlines()) == 1

@@ -1,8 +1,11 @@
 """The JSON-lines events file: one incident per line, appended as it is published.
 
-Idempotent across a crash: the agent saves its cursor in batches, so after a SIGKILL it may read again records
-whose incidents are already in the file. On open, the keys of the incidents in the file's tail are read back,
-and an incident already written is not written again.
+Idempotent across a crash, with the state file as the record of what was published: with a state directory the
+agent holds each line until the state that counts its incident is saved (`hold=True`, then `flush()`), and at
+start `catch_up()` writes the incidents the saved state holds and the file lacks (a crash between the two
+writes). So a line is never written for an incident the next start will publish again (or count from
+memory.events), and none the state counts is missing. On open, the keys of the incidents in the file's tail are
+read back, and an incident already written is not written again.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ TAIL_BYTES = 8 << 20
 
 
 class EventsFile:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, hold: bool = False) -> None:
         self.path = path
+        self.hold = hold  # keep lines until flush(): the state that counts them is saved first
+        self._held: list[tuple[tuple, dict[str, Any]]] = []
         self._lock = threading.Lock()
         self._stream: Optional[TextIO] = None
         self._written: set[tuple] = set()
@@ -43,8 +48,30 @@ class EventsFile:
         key = incident.key
         if key in self._written:
             return
+        if self.hold:
+            self._held.append((key, incident.to_json()))
+            return
         self.write(incident.to_json())
         self._written.add(key)
+
+    def flush(self) -> None:
+        """Write the held lines (their incidents are in the saved state now)."""
+        held, self._held = self._held, []
+        for key, data in held:
+            if key not in self._written:
+                self.write(data)
+                self._written.add(key)
+
+    def catch_up(self, published: list[dict[str, Any]]) -> int:
+        """Write the incidents the saved state holds (JSON, oldest first) that the file lacks; how many."""
+        written = 0
+        for data in published:
+            key = incident_key_of_json(data)
+            if key is not None and _hashable(key) not in self._written:
+                self.write(data)
+                self._written.add(_hashable(key))
+                written += 1
+        return written
 
     def write(self, incident_json: dict[str, Any]) -> None:
         line = json.dumps(incident_json, sort_keys=False, separators=(",", ":"))
