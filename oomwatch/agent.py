@@ -577,6 +577,7 @@ class Agent:
             self.http.stop()
         self.stat_cache.close()
         if self.events_file is not None:
+            self.events_file.flush()  # whatever a failed state save left held
             self.events_file.close()
         if self.state_file is not None:
             self.state_file.unlock()
