@@ -45,6 +45,9 @@ import time
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run import make_tree  # noqa: E402 (benchmarks/run.py: the same kubelet-shaped tree)
+
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "fixtures" / "golden" / "k8s-runc"
 MIB = 1024 * 1024
@@ -56,28 +59,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def make_tree(root: Path, pods: int) -> None:
-    """N kubelet-shaped pods of one container each (the layout of benchmarks/run.py)."""
-    def cg(path: Path, limit: str, group: int) -> None:
-        path.mkdir(parents=True)
-        values = {"memory.max": limit, "memory.oom.group": group, "memory.current": 1 << 20,
-                  "memory.peak": 2 << 20, "cgroup.procs": ""}
-        for name, value in values.items():
-            (path / name).write_text(f"{value}\n")
-        events = "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n"
-        (path / "memory.events").write_text(events)
-        (path / "memory.events.local").write_text(events)
-
-    root.mkdir(parents=True)
-    (root / "cgroup.controllers").write_text("memory\n")
-    cg(root / "kubepods", "max", 0)
-    cg(root / "kubepods" / "burstable", "max", 0)
-    for p in range(pods):
-        pod = root / "kubepods" / "burstable" / f"pod{p:08d}-0000-4000-8000-000000000000"
-        cg(pod, str(512 << 20), 0)
-        cg(pod / f"{p:032x}{0:032x}", str(256 << 20), 1)
 
 
 class Agent:
