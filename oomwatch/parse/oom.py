@@ -115,12 +115,14 @@ def _summary(text: str) -> Optional[OomSummary]:
 
 
 def _killed(m: re.Match) -> OomKilled:
-    uid = next((u for u in (m["uid"], m["uid_rhel"], m["uid_rhel6"]) if u is not None), None)
+    g = m.groupdict()  # one call for every field: this is the commonest OOM line of a storm
+    uid = g["uid"] or g["uid_rhel"] or g["uid_rhel6"]
+    shmem, pgt, adj = g["shmem"], g["pgt"], g["adj"]
     return OomKilled(
-        pid=int(m["pid"]), comm=m["comm"], oom_kind=oom_kind_of(m["prefix"]),
-        total_vm_bytes=_kb(m["vm"]), anon_rss_bytes=_kb(m["anon"]), file_rss_bytes=_kb(m["file"]),
-        shmem_rss_bytes=_kb(m["shmem"]), uid=None if uid is None else int(uid),
-        pgtables_bytes=_kb(m["pgt"]), oom_score_adj=None if m["adj"] is None else int(m["adj"]))
+        pid=int(g["pid"]), comm=g["comm"], oom_kind=oom_kind_of(g["prefix"]),
+        total_vm_bytes=int(g["vm"]) * KIB, anon_rss_bytes=int(g["anon"]) * KIB, file_rss_bytes=int(g["file"]) * KIB,
+        shmem_rss_bytes=None if shmem is None else int(shmem) * KIB, uid=None if uid is None else int(uid),
+        pgtables_bytes=None if pgt is None else int(pgt) * KIB, oom_score_adj=None if adj is None else int(adj))
 
 
 def parse_oom_line(text: str) -> Optional[OomLine]:
