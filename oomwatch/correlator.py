@@ -90,6 +90,20 @@ def _set(incident: Incident, name: str, value) -> None:
     object.__setattr__(incident, name, value)
 
 
+def oom_group_ancestor(cgroup: str, within: Optional[str], grouped: Callable[[str], bool]) -> Optional[str]:
+    """The highest cgroup from `cgroup` up to `within` (or up to the root, excluded) for which `grouped` says
+    memory.oom.group=1: the one the kernel kills whole (mm/memcontrol.c)."""
+    found = None
+    path = cgroup
+    while path and path != "/":
+        if grouped(path):
+            found = path
+        if within is not None and path == within:
+            break
+        path = path.rsplit("/", 1)[0] or "/"
+    return found
+
+
 def is_within(path: Optional[str], ancestor: str) -> bool:
     """Whether cgroup `path` is `ancestor` or below it."""
     if path is None:

@@ -15,7 +15,7 @@ from collections import Counter, deque
 from typing import Any, Callable, Iterable, Optional
 
 from oomwatch.config import Config
-from oomwatch.correlator import is_within
+from oomwatch.correlator import is_within, oom_group_ancestor
 from oomwatch.explain import explain, size
 from oomwatch.model import CgroupStats, Incident, KmsgRecord
 from oomwatch.node import (
@@ -406,7 +406,8 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
         # The kernel's counters are the count of record: kills they show that the ring no longer describes.
         boot = config.boot_time if config.boot_time is not None else host_boot_time()
         reconciler = counted_since_creation(
-            {path: (ino, local, int(_grouped(counted, path))) for path, (ino, local, _) in counted.items()},
+            {path: (ino, local, oom_group_ancestor(path, None, lambda p: counted.get(p, (0, {}, 0))[2] == 1)
+                    is not None) for path, (ino, local, _) in counted.items()},
             lambda **kw: counted_incident(boot_id=proc.boot_id(), detected_at=clock(), resolve=resolver.resolve,
                                           scope_of=scope_of, explain=lambda i: explain(i, single), **kw),
             since=boot)
@@ -466,15 +467,6 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
                                        **restart_cause(restarts, started, kills, readable)})
     report["warnings"] = reader_warnings(report["kmsg"])
     return report
-
-
-def _grouped(counted: dict[str, tuple[int, dict[str, int], Optional[int]]], path: str) -> bool:
-    """memory.oom.group=1 on the cgroup or an ancestor: every kill in it is a group kill."""
-    while path and path != "/":
-        if path in counted and counted[path][2] == 1:
-            return True
-        path = path.rsplit("/", 1)[0] or "/"
-    return False
 
 
 class _Selection:

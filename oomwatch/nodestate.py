@@ -13,7 +13,7 @@ import posixpath
 import threading
 from typing import Callable, Iterable, Optional
 
-from oomwatch.correlator import is_within
+from oomwatch.correlator import is_within, oom_group_ancestor
 from oomwatch.model import CgroupStats
 from oomwatch.node import is_workload_cgroup, with_effective_oom_group
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
@@ -76,18 +76,9 @@ class NodeState:
         return path
 
     def oom_group_cgroup(self, cgroup: str, within: Optional[str]) -> Optional[str]:
-        """The highest cgroup from `cgroup` up to `within` (or up to the root, excluded) whose
-        memory.oom.group was 1 when last read: the one the kernel kills whole (mm/memcontrol.c)."""
-        found = None
-        path = cgroup
+        """The cgroup the kernel would kill whole, by the memory.oom.group flags as last read."""
         with self._lock:
-            while path and path != "/":
-                if self._oom_group.get(path) == 1:
-                    found = path
-                if within is not None and path == within:
-                    break
-                path = posixpath.dirname(path)
-        return found
+            return oom_group_ancestor(cgroup, within, lambda path: self._oom_group.get(path) == 1)
 
     def oom_cgroup_hint(self, victim_cgroup: Optional[str], at: float) -> Optional[str]:
         """The deepest ancestor of the victim's cgroup whose memory.events.local `oom` moved near `at`."""

@@ -267,7 +267,5 @@ def counted_since_creation(readings: dict[str, tuple[int, dict[str, int], bool]]
     r = Reconciler(make_incident, settle=0.0)
     for path, (ino, counters, grouped) in readings.items():
         r.observe(path, ino, {k: 0 for k in COUNTERS}, since, grouped)
-        if "oom_group_kill" not in counters and not r.stats.missing_group_counter:
-            r.observe(path, ino, counters, since, grouped)  # notes the missing counter
         r.observe(path, ino, counters, since, grouped)
     return r
