@@ -287,7 +287,7 @@ class Agent:
 
     # --- processor thread ------------------------------------------------------------------------------
 
-    def _handle(self, item, live: bool) -> None:
+    def _handle(self, item) -> None:
         if isinstance(item, KmsgRecord):
             stats = self.correlator.stats
             errors_before, rejected_before = stats.parse_errors, stats.rejected
@@ -310,10 +310,10 @@ class Agent:
         elif isinstance(item, Garbled):
             self.store.count_kmsg(parse_errors=1)
 
-    def _handle_safely(self, item, live: bool) -> None:
+    def _handle_safely(self, item) -> None:
         """One bad record must not stop the reader: log it with the record, count it, go on."""
         try:
-            self._handle(item, live)
+            self._handle(item)
         except Exception:
             self.store.count_kmsg(parse_errors=1)
             log.exception("kernel log: cannot process record %.300r; skipped", item)
@@ -370,7 +370,7 @@ class Agent:
                 self._wakeup.clear()
                 items = self._after_cursor(self.pump.take())
                 for item in items:
-                    self._handle_safely(item, live)
+                    self._handle_safely(item)
                 now = time.monotonic()
                 if items:
                     last_record = now
@@ -419,7 +419,7 @@ class Agent:
         """--kmsg names a saved log: publish its incidents once, then keep serving."""
         try:
             for item in read_saved_log(self.config.kmsg):
-                self._handle_safely(item, live=False)
+                self._handle_safely(item)
                 self.publish(self.witness.due(everything=True), live=False)
         except OSError as exc:
             self.kmsg_error = explain_open_error(self.config.kmsg, exc)
@@ -574,7 +574,7 @@ class Agent:
             # Incidents finished but held back are complete: publish them. One still being printed is left
             # to the next start, which re-reads the log from its first record (the cursor stops before it).
             for item in self.pump.take():
-                self._handle_safely(item, live=True)
+                self._handle_safely(item)
             self.witness.add(self.correlator.release_finished())
             self.publish(self.witness.due(everything=True), live=True)
             self._take_observations()

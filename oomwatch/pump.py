@@ -44,7 +44,6 @@ class KernelLogPump:
         self.error: Optional[str] = None
         self.alive = False
         self.dead = False  # failed and could not be reopened
-        self.drained_at = 0.0  # monotonic time the reader last came back empty: everything before was read
         self.read_started_wall = 0.0  # epoch time the last complete read began: the log was read up to then
         self.reads = 0
         self._thread: Optional[threading.Thread] = None
@@ -132,7 +131,6 @@ class KernelLogPump:
                     seq = getattr(item, "seq", None)
                     if seq is not None:
                         self.last_seq = seq
-            self.drained_at = time.monotonic()
             self.read_started_wall = started
             self.reads += 1
             if got:

@@ -72,7 +72,6 @@ class Account:
 
 @dataclass
 class ReconcileStats:
-    kills_from_counters: int = 0  # incidents made from memory.events (no log record described them)
     missing_group_counter: bool = False  # kernel before 5.17: no oom_group_kill
     notes: list[str] = field(default_factory=list)
 
@@ -213,7 +212,6 @@ class Reconciler:
                 a.since = now
                 if a.gone:
                     del self.accounts[path]
-        self.stats.kills_from_counters += len(out)
         return out
 
     # --- persistence -------------------------------------------------------------------------------
