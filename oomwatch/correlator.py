@@ -28,7 +28,6 @@ Only the kernel may report a kill: an OOM line from another syslog facility (any
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Protocol
 
@@ -485,7 +484,10 @@ class Correlator:
     def _kill_lines(killed: tuple[KilledProcess, ...], reprints: int) -> tuple[tuple[str, int], ...]:
         """`Killed process` lines per cgroup as memory.events `oom_kill` counts them: the victim's reprint
         counts again in its cgroup."""
-        lines: Counter[str] = Counter(p.cgroup or "" for p in killed)
+        lines: dict[str, int] = {}
+        for p in killed:
+            key = p.cgroup or ""
+            lines[key] = lines.get(key, 0) + 1
         if reprints:
             lines[killed[0].cgroup or ""] += reprints
         return tuple(sorted(lines.items()))

@@ -15,7 +15,7 @@ from typing import BinaryIO, Iterator, Optional, Union
 
 from oomwatch.model import KmsgRecord
 from oomwatch.parse.kmsg import GARBLED, LOST_MARKER, KmsgParseError, parse_kmsg_record, parse_text_log
-from oomwatch.parse.prefilter import could_be_oom, record_seq
+from oomwatch.parse.prefilter import skippable_seq
 
 READ_SIZE = 8192  # one read returns one record; the kernel caps a record well below this
 CHASE_RECORDS = 64  # overwritten again within this many records after an EPIPE: jump to the newest
@@ -99,9 +99,12 @@ class LiveKmsg:
         assert self.fd is not None
         skipped = 0
         since_epipe = CHASE_RECORDS
+        # Locals: this loop runs once per record of a storm, most of them skipped.
+        read, fd, size = os.read, self.fd, READ_SIZE
+        skip = skippable_seq if self.prefilter else None
         for _ in range(limit):
             try:
-                raw = os.read(self.fd, READ_SIZE)
+                raw = read(fd, size)
             except BlockingIOError:
                 break
             except BrokenPipeError:
@@ -109,7 +112,7 @@ class LiveKmsg:
                 # within a few records: the reader is more than a ring behind and would only chase the tail;
                 # jump to the newest record instead (the kills in between are counted from memory.events).
                 if since_epipe < CHASE_RECORDS:
-                    os.lseek(self.fd, 0, os.SEEK_END)
+                    os.lseek(fd, 0, os.SEEK_END)
                     self.jumps += 1
                 since_epipe = 0
                 continue
@@ -121,17 +124,17 @@ class LiveKmsg:
             if not raw:
                 break
             since_epipe += 1
-            if self.prefilter and not could_be_oom(raw):
-                seq = record_seq(raw)
+            if skip is not None:
+                seq = skip(raw)
                 if seq is not None:
-                    if self._last_seq is not None:
-                        if seq <= self._last_seq:
+                    last = self._last_seq
+                    if last is not None and seq != last + 1:
+                        if seq <= last:
                             continue  # already processed before a restart
-                        if seq > self._last_seq + 1:
-                            if skipped:
-                                yield Skipped(skipped, self._last_seq)
-                                skipped = 0
-                            yield Lost(seq - self._last_seq - 1)
+                        if skipped:
+                            yield Skipped(skipped, last)
+                            skipped = 0
+                        yield Lost(seq - last - 1)
                     self._last_seq = seq
                     skipped += 1
                     continue

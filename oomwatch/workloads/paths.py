@@ -163,6 +163,8 @@ def _kube_parts(parts: list[str]) -> Optional[_KubeParts]:
     return kube
 
 
+# A storm names the same few cgroups over and over: the explanation and scope of each incident ask these.
+@functools.lru_cache(maxsize=256)
 def kubepods_level(cgroup_path: str) -> Optional[str]:
     """Where a path sits in the Kubernetes hierarchy: "node-allocatable" (the kubepods cgroup itself,
     whose memory.max is the node's allocatable memory), "qos" (burstable / besteffort), "pod",
@@ -300,6 +302,7 @@ def identify(cgroup_path: str) -> Workload:
     return Workload(type="other", cgroup=_join(parts))
 
 
+@functools.lru_cache(maxsize=256)
 def scope_of(victim_cgroup: Optional[str], oom_cgroup: Optional[str], constraint: str) -> str:
     """CONTRACT `scope`: where the limit was hit, relative to the victim's workload.
 
