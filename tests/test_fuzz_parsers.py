@@ -57,7 +57,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 def check_oom_line(text: str) -> None:
     line = parse_oom_line(text)
-    for value in vars(line).values() if line is not None else ():
+    for value in line._asdict().values() if line is not None else ():
         if isinstance(value, str):
             assert len(value) <= 4096, "fields are bounded by what a kernel can print"
         if isinstance(value, int):
