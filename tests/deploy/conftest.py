@@ -59,8 +59,6 @@ CONTRACT_METRICS = {
     "oomwatch_memory_events_total",
     "oomwatch_memory_working_set_bytes",
     "oomwatch_memory_pressure_seconds_total",
-    "oomwatch_container_run_oom_kills",
-    "oomwatch_container_run_last_oom_kill_timestamp_seconds",
     "oomwatch_node_oom_kills_total",
     "oomwatch_node_info",
     "oomwatch_kmsg_records_total",

@@ -1,5 +1,6 @@
 """Issue 14's rules and panels: the risk alerts read the working set, limit and PSI; the three OOMKilled
-verdicts join kube-state-metrics with oomwatch's per-run series; each verdict has an alert or a panel."""
+verdicts join kube-state-metrics with each container's current run (recorded from the kernel's memory.events);
+each verdict has an alert or a panel."""
 
 from __future__ import annotations
 
@@ -35,8 +36,22 @@ def test_verdicts_join_kube_state_metrics_with_the_run_series() -> None:
     assert "kube_pod_container_status_restarts_total" in restart
     exprs = " ".join(rules[v]["expr"] for v in VERDICTS)
     assert "oomwatch:kube_container_oomkilled_restart:15m" in exprs
-    assert "oomwatch_container_run_last_oom_kill_timestamp_seconds" in exprs
+    assert "oomwatch:container_run_last_oom_kill_timestamp_seconds[15m]" in exprs
     assert "oomwatch:container_run_kernel_oom_kill:15m" in exprs
+    assert "oomwatch:container_run_oom_kills[15m]" in rules["oomwatch:container_run_kernel_oom_kill:15m"]["expr"]
+
+
+def test_the_run_is_recorded_from_series_the_agent_exports() -> None:
+    """The current run's kills and last incident time are recording rules over the kernel's memory.events
+    oom_kill of the container's cgroup and the container's last incident, not series of the agent; they keep
+    every label but `event`, so the scrape's (job, instance, node) match for `and`."""
+    rules = _rules()
+    kills = rules["oomwatch:container_run_oom_kills"]["expr"]
+    assert kills == 'max without (event) (oomwatch_memory_events_total{event="oom_kill", container!=""}) > 0'
+    last = rules["oomwatch:container_run_last_oom_kill_timestamp_seconds"]["expr"]
+    assert last == 'oomwatch_last_oom_kill_timestamp_seconds{container!=""} and oomwatch:container_run_oom_kills'
+    everything = " ".join(r["expr"] for r in rules.values())
+    assert "oomwatch_container_run_" not in everything
 
 
 def test_each_verdict_has_an_alert_or_a_panel_and_a_promtool_case() -> None:
