@@ -97,7 +97,7 @@ def main() -> None:
 @click.option("--drop-series", envvar="OOMWATCH_DROP_SERIES", default="", metavar="LIST",
               help="Leave series out of /metrics on large fleets, comma-separated: `pods` (the pod-level series, "
                    "duplicates of their containers'), `memory-events` (oomwatch_memory_events_total, 5 per "
-                   "workload). Default: none.")
+                   "workload; the OOMKilled verdict rules read it). Default: none.")
 @click.option("--log-level", envvar="OOMWATCH_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--web-config-file", envvar="OOMWATCH_WEB_CONFIG_FILE", default=None, metavar="PATH",

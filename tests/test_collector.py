@@ -75,18 +75,11 @@ class ReferenceCollector:
                                         labels=IDENTITY)
         events = CounterMetricFamily("oomwatch_memory_events", "The kernel's own memory.events counters of "
                                      "the workload cgroup (hierarchical).", labels=IDENTITY + ["event"])
-        # Issue 14: PSI and the container's current run.
+        # Issue 14: PSI.
         pressure = CounterMetricFamily("oomwatch_memory_pressure_seconds", "Time some (kind=some) or all "
                                        "(kind=full) non-idle tasks of the workload cgroup were stalled waiting "
                                        "for memory (memory.pressure total; absent without PSI).",
                                        labels=IDENTITY + ["kind"])
-        run_kills = GaugeMetricFamily("oomwatch_container_run_oom_kills", "Processes the OOM killer killed in "
-                                        "the container's current run (the kernel's memory.events oom_kill of "
-                                        "its cgroup, which a restart makes anew); shown once the run has one.",
-                                        labels=IDENTITY)
-        run_last = GaugeMetricFamily("oomwatch_container_run_last_oom_kill_timestamp_seconds", "Time of the "
-                                     "last OOM-kill incident of the container, shown while its current run "
-                                     "(cgroup) has had a kernel kill.", labels=IDENTITY)
         for labels, stats in sorted(self.live_workloads(), key=lambda item: item[0]):
             for family, value in ((oom_group, stats.oom_group), (limit, stats.limit_bytes),
                                   (usage, stats.usage_bytes), (peak, stats.peak_bytes),
@@ -100,13 +93,7 @@ class ReferenceCollector:
                                ("full", stats.pressure and stats.pressure.full)):
                 if line and line.total_usec is not None:
                     pressure.add_metric([*labels, kind], line.total_usec / 1e6)
-            in_run = (stats.events or {}).get("oom_kill", 0) if labels[2] else 0
-            if in_run:
-                run_kills.add_metric(list(labels), in_run)
-                counters = snap.workloads.get(labels)
-                if counters is not None and counters.last_kill is not None:
-                    run_last.add_metric(list(labels), counters.last_kill)
-        yield from (oom_group, limit, usage, peak, working_set, events, pressure, run_kills, run_last)
+        yield from (oom_group, limit, usage, peak, working_set, events, pressure)
         node = CounterMetricFamily("oomwatch_node_oom_kills", "OOM-kill incidents on this node.",
                                    labels=["kind", "scope"])
         for (kind, scope), n in sorted(snap.node_kills.items()):

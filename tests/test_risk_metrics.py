@@ -1,10 +1,13 @@
 """Issue 14's series: the working set and PSI read by the StatCache from a cgroup tree, the PSI-less kernel
-said once, and the exposition of them and of a container's current run (byte for byte prometheus_client's)."""
+said once, their exposition (byte for byte prometheus_client's), and the series budget of a workload (the
+container's current run is a recording rule now, not an agent series)."""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from oomwatch.model import CgroupStats, Workload
 from oomwatch.parse.pressure import parse_pressure
@@ -75,7 +78,7 @@ def test_kernel_without_psi_said_once(tmp_path: Path, caplog) -> None:
     assert len(said) == 1 and "psi=0" in said[0].getMessage()
 
 
-def test_exposition_of_risk_and_run_series() -> None:
+def test_exposition_of_risk_series_and_no_run_series() -> None:
     store = Store(clock=lambda: 1000.0)
     killed = ("ml", "train-0", "trainer", "")
     calm = ("ml", "train-0", "sidecar", "")
@@ -93,8 +96,8 @@ def test_exposition_of_risk_and_run_series() -> None:
             (killed, CgroupStats(path="/k/p/c", events=events, usage_bytes=10, working_set_bytes=7,
                                  pressure=pressure)),
             (calm, CgroupStats(path="/k/p/s", events={"oom_kill": 0}, working_set_bytes=0)),
-            (pod, CgroupStats(path="/k/p", events=events, pressure=pressure)),  # a pod has no run
-            (unit, CgroupStats(path="/system.slice/x.service", events=events)),  # nor a unit
+            (pod, CgroupStats(path="/k/p", events=events, pressure=pressure)),
+            (unit, CgroupStats(path="/system.slice/x.service", events=events)),
         ]
 
     info = lambda: NodeInfo(kernel="6.1", cgroup_version="2", single_process_oom_kill="false")
@@ -110,9 +113,48 @@ def test_exposition_of_risk_and_run_series() -> None:
     assert 'oomwatch_memory_pressure_seconds_total{cgroup="",container="trainer",kind="full",namespace="ml",' \
            'pod="train-0"} 0.25' in series
     assert sum(line.startswith("oomwatch_memory_pressure_seconds_total") for line in series) == 4
-    run = [line for line in series if line.startswith("oomwatch_container_run_")]
-    assert run == [
-        'oomwatch_container_run_oom_kills{cgroup="",container="trainer",namespace="ml",pod="train-0"} 2.0',
-        'oomwatch_container_run_last_oom_kill_timestamp_seconds{cgroup="",container="trainer",namespace="ml",'
-        'pod="train-0"} 1.7953800195e+09',
-    ]
+    # The container's current run is a recording rule (deploy/prometheus/oomwatch-rules.yaml), not a series of
+    # the agent: its inputs are the kernel's oom_kill of the run's cgroup and the last incident's time.
+    assert "oomwatch_container_run_" not in text
+    assert 'oomwatch_memory_events_total{cgroup="",container="trainer",event="oom_kill",namespace="ml",' \
+           'pod="train-0"} 2.0' in series
+    assert 'oomwatch_last_oom_kill_timestamp_seconds{cgroup="",container="trainer",namespace="ml",' \
+           'pod="train-0"} 1.7953800195e+09' in series
+
+
+def _workload_series(text: str, labels: tuple[str, str, str, str]) -> list[str]:
+    """The sample names of one workload's series in an exposition, one per series."""
+    identity = dict(zip(("namespace", "pod", "container", "cgroup"), labels))
+    return [sample.name for family in text_string_to_metric_families(text) for sample in family.samples
+            if all(sample.labels.get(k, "") == v for k, v in identity.items())]
+
+
+def test_series_per_kubernetes_container_within_the_budget() -> None:
+    """Issue 14's budget of 16 series per workload: a Kubernetes container with PSI, memory.stat and
+    memory.peak exports 16 before its first kill, and 18 after it (the kill's time and the last incident's
+    explanation), whether or not its current run had the kill."""
+    store = Store(clock=lambda: 1000.0)
+    labels = ("ml", "train-0", "trainer", "")
+    store.seen(labels)
+    run = {"events": {"low": 0, "high": 0, "max": 0, "oom": 0, "oom_kill": 0, "oom_group_kill": 0}}
+
+    def live():
+        return [(labels, CgroupStats(path="/k/p/c", oom_group=0, events=run["events"], limit_bytes=100000000.0,
+                                     usage_bytes=80000000, peak_bytes=90000000, working_set_bytes=63616000,
+                                     pressure=parse_pressure(PSI.format(some=1500000, full=250000))))]
+
+    collector = OomwatchCollector(store, live, lambda: NodeInfo(kernel="6.1", cgroup_version="2",
+                                                                single_process_oom_kill="false"))
+
+    def count() -> int:
+        names = _workload_series(collector.exposition().decode(), labels)
+        assert not [n for n in names if n.startswith("oomwatch_container_run_")]
+        return len(names)
+
+    assert count() == 16
+    store.publish(_incident("single", "/k/p/c", Workload(type="k8s-container", cgroup="/k/p/c", namespace="ml",
+                                                         pod="train-0", container="trainer"), 1, 1795380019.5))
+    run["events"] = {**run["events"], "max": 4, "oom": 1, "oom_kill": 1}  # the kill is in the current run
+    assert count() == 18
+    run["events"] = dict.fromkeys(run["events"], 0)  # restarted: a new cgroup, its counters at 0
+    assert count() == 18

@@ -47,10 +47,6 @@ _GAUGES = (
 )
 _PRESSURE_HELP = ("Time some (kind=some) or all (kind=full) non-idle tasks of the workload cgroup were stalled "
                   "waiting for memory (memory.pressure total; absent without PSI).")
-_RUN_KILLS_HELP = ("Processes the OOM killer killed in the container's current run (the kernel's memory.events "
-                   "oom_kill of its cgroup, which a restart makes anew); shown once the run has one.")
-_RUN_LAST_HELP = ("Time of the last OOM-kill incident of the container, shown while its current run (cgroup) "
-                  "has had a kernel kill.")
 _EVENTS_HELP = "The kernel's own memory.events counters of the workload cgroup (hierarchical)."
 _LATENCY_HELP = "Time from the kernel's kill to the incident being published."
 
@@ -245,21 +241,7 @@ class OomwatchCollector:
                                      f'{text.tail}}} {fmt(seconds)}\n')
             if out.full():
                 yield out.take()
-        runs = [(text, kills, last) for text, (labels, stats) in zip(texts, live)
-                for kills, last in [_run_kills(labels, stats, snap)] if kills]
-        parts.append(_header("oomwatch_container_run_oom_kills", _RUN_KILLS_HELP, "gauge"))
-        for text, kills, _ in runs:
-            parts.append(f"oomwatch_container_run_oom_kills{{{text.head}{text.tail}}} {fmt(kills)}\n")
-            if out.full():
-                yield out.take()
-        parts.append(_header("oomwatch_container_run_last_oom_kill_timestamp_seconds", _RUN_LAST_HELP, "gauge"))
-        for text, _, last in runs:
-            if last is not None:
-                parts.append(f"oomwatch_container_run_last_oom_kill_timestamp_seconds{{{text.head}{text.tail}}} "
-                             f"{fmt(last)}\n")
-            if out.full():
-                yield out.take()
-        del live, texts, runs
+        del live, texts
         self._forget_label_text()
 
         parts.extend(self._node_lines(snap))
@@ -354,6 +336,8 @@ class OomwatchCollector:
         yield from (kills, killed, last, info)
         gauges = [GaugeMetricFamily(name, help_text, labels=IDENTITY) for name, help_text, _ in _GAUGES]
         events = CounterMetricFamily("oomwatch_memory_events", _EVENTS_HELP, labels=IDENTITY + ["event"])
+        pressure = CounterMetricFamily("oomwatch_memory_pressure_seconds", _PRESSURE_HELP,
+                                       labels=IDENTITY + ["kind"])
         for labels, stats in sorted(self._live_workloads(), key=lambda item: item[0]):
             if not self._exported(labels):
                 continue
@@ -364,28 +348,15 @@ class OomwatchCollector:
             for name in EXPORTED_MEMORY_EVENTS:
                 if stats.events is not None and name in stats.events:
                     events.add_metric([*labels, name], stats.events[name])
-        yield from gauges
-        if "memory-events" not in self.drop:
-            yield events
-        pressure = CounterMetricFamily("oomwatch_memory_pressure_seconds", _PRESSURE_HELP,
-                                       labels=IDENTITY + ["kind"])
-        run_kills = GaugeMetricFamily("oomwatch_container_run_oom_kills", _RUN_KILLS_HELP, labels=IDENTITY)
-        run_last = GaugeMetricFamily("oomwatch_container_run_last_oom_kill_timestamp_seconds", _RUN_LAST_HELP,
-                                     labels=IDENTITY)
-        for labels, stats in sorted(self._live_workloads(), key=lambda item: item[0]):
-            if not self._exported(labels):
-                continue
             if stats.pressure is not None:
                 for kind in ("some", "full"):
                     seconds = stats.pressure.total_seconds(kind)
                     if seconds is not None:
                         pressure.add_metric([*labels, kind], seconds)
-            kills, last = _run_kills(labels, stats, snap)
-            if kills:
-                run_kills.add_metric(list(labels), kills)
-                if last is not None:
-                    run_last.add_metric(list(labels), last)
-        yield from (pressure, run_kills, run_last)
+        yield from gauges
+        if "memory-events" not in self.drop:
+            yield events
+        yield pressure
         node = CounterMetricFamily("oomwatch_node_oom_kills", "OOM-kill incidents on this node.",
                                    labels=["kind", "scope"])
         for (kind, scope), n in sorted(snap.node_kills.items()):
@@ -405,21 +376,6 @@ class OomwatchCollector:
         build = GaugeMetricFamily("oomwatch_build_info", "oomwatch version.", labels=["version"])
         build.add_metric([__version__], 1)
         yield build
-
-
-def _run_kills(labels: Labels, stats: CgroupStats, snap: Snapshot) -> tuple[int, Optional[float]]:
-    """(processes killed in a container's current run, time of its last incident) for a Kubernetes
-    container; (0, None) for anything else. The run is the container's cgroup: a restart makes a new one, whose
-    memory.events start at 0, so the kernel's oom_kill there counts this run only. The time is the store's
-    last incident of the container, shown only while the run has a kill: for the few seconds between a kill
-    and its log record it may still be the previous run's."""
-    if not labels[2] or stats.events is None:
-        return 0, None
-    kills = stats.events.get("oom_kill", 0)
-    if not kills:
-        return 0, None
-    counters = snap.workloads.get(labels)
-    return kills, counters.last_kill if counters is not None else None
 
 
 def _le(bound: float) -> str:
