@@ -39,6 +39,9 @@ def test_verdicts_join_kube_state_metrics_with_the_run_series() -> None:
     assert "oomwatch:container_run_last_oom_kill_timestamp_seconds[15m]" in exprs
     assert "oomwatch:container_run_kernel_oom_kill:15m" in exprs
     assert "oomwatch:container_run_oom_kills[15m]" in rules["oomwatch:container_run_kernel_oom_kill:15m"]["expr"]
+    # Stale only where the kernel's count of the run is exported (not with --drop-series memory-events).
+    stale = rules["oomwatch:container_oomkilled_stale:15m"]["expr"]
+    assert 'max_over_time(oomwatch_memory_events_total{event="oom_kill", container!=""}[15m])' in stale
 
 
 def test_the_run_is_recorded_from_series_the_agent_exports() -> None:
