@@ -194,9 +194,17 @@ class Agent:
     # --- cgroup watcher thread -----------------------------------------------------------------------
 
     def _observe(self, path: str) -> None:
+        if self.pump is None:
+            return
         ino, local = self.fs.read_local_events(path)
         if ino is not None and local is not None:
-            self._observations.append(("counters", path, ino, local, self.clock(), self._grouped(path)))
+            self._queue_observation(("counters", path, ino, local, self.clock(), self._grouped(path)))
+
+    def _queue_observation(self, item: tuple) -> None:
+        # Only the kernel-log processor takes these; without one (a saved log replayed, or no kernel log to
+        # read) they would pile up for as long as the agent runs.
+        if self.pump is not None:
+            self._observations.append(item)
             self._wake()
 
     def _grouped(self, path: str) -> bool:
@@ -209,8 +217,7 @@ class Agent:
     def _cgroup_removed(self, path: str) -> None:
         self.stat_cache.forget(path)
         self.node.cgroup_removed(path)
-        self._observations.append(("removed", path, 0, {}, self.clock(), False))
-        self._wake()
+        self._queue_observation(("removed", path, 0, {}, self.clock(), False))
 
     def _cgroup_events(self, path: str) -> None:
         ino, local = self.fs.read_local_events(path)
@@ -219,10 +226,9 @@ class Agent:
         self.stat_cache.invalidate(path)
         moved = self.node.events_changed(path, local)
         if moved["oom_kill"] or moved["oom_group_kill"]:
-            self._observations.append(("counters", path, ino, local, self.clock(), self._grouped(path)))
+            self._queue_observation(("counters", path, ino, local, self.clock(), self._grouped(path)))
             if self.kmsg_source == "syslog" and self.pump is not None:
                 self.pump.wake()  # syslog(2) cannot be waited on: a kill here is the cue to read
-            self._wake()
 
     def _metrics(self, accept: str):
         content_type, chunks = self.collector.metrics(accept)

@@ -297,3 +297,20 @@ def test_held_lines_are_written_on_flush_only() -> None:
     sink.flush()
     sink.close()
     assert len(path.read_text().splitlines()) == 1
+
+
+def test_counter_readings_do_not_pile_up_without_a_kernel_log_processor(tmp_path: Path) -> None:
+    """A saved log replayed, or no kernel log at all: nothing takes the memory.events readings, so none are
+    queued (they would grow with every cgroup and every kill for as long as the agent runs)."""
+    tree = tmp_path / "cgroup"
+    shutil.copytree(K8S / "cgroup", tree)
+    for kmsg in (str(K8S / "kmsg"), str(tmp_path / "no-such-kmsg")):
+        with running_agent(k8s_config(tmp_path / Path(kmsg).name, tree, kmsg=kmsg)) as agent:
+            assert wait_for(lambda: agent.watcher is not None and agent.watcher.known())
+            for n in range(1, 6):
+                bump(tree, n, n)
+            # The watcher saw the kills (the scrape reads memory.events again only when inotify says it moved).
+            oom_kill = (b'oomwatch_memory_events_total{cgroup="",container="trainer",event="oom_kill",'
+                        b'namespace="ml",pod="train-0"} 5.0')
+            assert wait_for(lambda: oom_kill in http_get(base_url(agent) + "/metrics")[1], timeout=10), kmsg
+            assert len(agent._observations) == 0, kmsg
