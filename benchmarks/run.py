@@ -19,7 +19,8 @@ What it measures (never in timed unit tests; figures go to benchmarks/RESULTS.md
     collector over 10N .prom files holding the same series;
   - ratios to the C floor and growth per container (target: agent <= 3x the floor, linear);
 - start: the agent on the live /dev/kmsg under strace: exec to its first record read, and to /healthz 200;
-- rss: the agent's RSS at 2,000 containers after 1,000 scrapes (target 40 MiB);
+- rss: the agent's RSS at 2,000 containers after 1,000 scrapes (target 40 MiB), on the live /dev/kmsg with a
+  state directory as on a node, with its kernel-log reader process's RSS and PSS beside it;
 - idle: the agent's wakeups (voluntary + involuntary context switches of all its threads, from
   /proc/PID/task/*/status) over 60 s without a scrape (target 0).
 `--busy` keeps the other core busy with a spinning process for the whole run.
@@ -301,7 +302,7 @@ class AgentProcess:
     log is when our write-end open returns), or the live /dev/kmsg under strace (`live=True`: the time of its
     first read of a record is in the trace)."""
 
-    def __init__(self, tmp: Path, tree: Path, live: bool = False) -> None:
+    def __init__(self, tmp: Path, tree: Path, live: bool = False, trace: bool = True) -> None:
         self.port = free_port()
         fifo = tmp / "kmsg"
         if fifo.exists():
@@ -313,11 +314,12 @@ class AgentProcess:
                "--proc", str(tmp / "proc"), "--kmsg", str(fifo), "--listen", f"127.0.0.1:{self.port}",
                "--kube-api", "off",
                "--kubelet-config", str(tmp / "none"), "--run-root", str(tmp / "run"),
-               "--pod-log-dir", str(tmp / "pods"), "--log-level", "warning"]
+               "--pod-log-dir", str(tmp / "pods"), "--state-dir", str(tmp / "state"), "--log-level", "warning"]
         self.opened_after = None
         self.trace = tmp / "strace.out"
         if live:
             cmd[cmd.index("--kmsg") + 1] = "/dev/kmsg"
+        if live and trace:
             cmd = ["strace", "-f", "--seccomp-bpf", "-ttt", "-e", "trace=read", "-P", "/dev/kmsg",
                    "-o", str(self.trace), *cmd]
         self.exec_time = time.time()
@@ -475,12 +477,23 @@ def bench_scrape(sizes: list[int], samples: int) -> list[dict]:
     return rows
 
 
+def _pss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    return 0
+
+
 def bench_rss(containers: int = 2000, scrapes: int = 1000) -> dict:
+    """The agent as it runs on a node: the live /dev/kmsg (so its reader process too) and a state directory.
+    RSS of the agent process; its reader process's RSS and PSS (forked before the agent's imports, it shares
+    most of its pages with it) are reported beside it."""
     tmp = Path(scratch_dir())
     try:
         tree = tmp / "cgroup"
         make_tree(tree, containers)
-        agent = AgentProcess(tmp, tree)
+        agent = AgentProcess(tmp, tree, live=True, trace=False)
         try:
             pid = agent.proc.pid
             start_rss = status_kib(pid, "VmRSS")
@@ -489,10 +502,17 @@ def bench_rss(containers: int = 2000, scrapes: int = 1000) -> dict:
             for _ in range(scrapes):
                 fetch(url)
             elapsed = time.perf_counter() - t0
-            return {"containers": containers, "scrapes": scrapes, "seconds": round(elapsed, 1),
-                    "rss_at_start_mib": round(start_rss / 1024, 1),
-                    "rss_after_mib": round(status_kib(pid, "VmRSS") / 1024, 1),
-                    "peak_rss_mib": round(status_kib(pid, "VmHWM") / 1024, 1), "target_mib": 40}
+            children = [int(c) for task in os.listdir(f"/proc/{pid}/task")
+                        for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+            out = {"containers": containers, "scrapes": scrapes, "seconds": round(elapsed, 1),
+                   "rss_at_start_mib": round(start_rss / 1024, 1),
+                   "rss_after_mib": round(status_kib(pid, "VmRSS") / 1024, 1),
+                   "peak_rss_mib": round(status_kib(pid, "VmHWM") / 1024, 1), "target_mib": 40,
+                   "pss_after_mib": round(_pss_kib(pid) / 1024, 1)}
+            if children:
+                out["reader_rss_mib"] = round(status_kib(children[0], "VmRSS") / 1024, 1)
+                out["reader_pss_mib"] = round(_pss_kib(children[0]) / 1024, 1)
+            return out
         finally:
             agent.stop()
     finally:

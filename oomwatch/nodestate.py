@@ -106,7 +106,8 @@ class NodeState:
                 self._pids_by_cgroup.clear()
             for pid in pids:
                 self._pids[pid] = path
-            self._pids_by_cgroup.setdefault(path, set()).update(pids)
+            if pids:  # most cgroups of a tree hold no process themselves (only their leaves do)
+                self._pids_by_cgroup.setdefault(path, set()).update(pids)
 
     def snapshot_pids(self, root: str) -> None:
         for path in [p for p in self.known() if is_within(p, root)]:

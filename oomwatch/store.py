@@ -18,7 +18,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional
 
 from oomwatch.model import Incident
 
@@ -38,10 +39,16 @@ MAX_WORKLOADS = 20_000
 Labels = tuple[str, str, str, str]  # namespace, pod, container, cgroup (CONTRACT identity labels)
 
 
-@dataclass
+# Most workloads are never killed: they share these read-only zero counts. Counts are replaced, never changed in
+# place, so a snapshot can share them too.
+NO_KILLS: Mapping[str, int] = MappingProxyType({k: 0 for k in KINDS})
+NO_KILLED: Mapping[str, int] = MappingProxyType({r: 0 for r in ROLES})
+
+
+@dataclass(slots=True)
 class WorkloadCounters:
-    kills: dict[str, int] = field(default_factory=lambda: {k: 0 for k in KINDS})
-    killed: dict[str, int] = field(default_factory=lambda: {r: 0 for r in ROLES})
+    kills: Mapping[str, int] = field(default_factory=lambda: NO_KILLS)  # the shared one, not a copy
+    killed: Mapping[str, int] = field(default_factory=lambda: NO_KILLED)
     last_kill: Optional[float] = None
     gone_since: Optional[float] = None  # set when its cgroup disappears; dropped after the grace period
     last_incident: Optional[tuple[str, str, str]] = None  # (kind, scope, explanation) of its last incident
@@ -118,9 +125,11 @@ class Store:
                     # the grace period like those of a workload that went away.
                     counters = self._workloads[labels] = WorkloadCounters(gone_since=self._clock())
                     self._cap()
-                counters.kills[incident.kind] += 1
+                kills, killed = dict(counters.kills), dict(counters.killed)
+                kills[incident.kind] += 1
                 for role in roles:
-                    counters.killed[role] += 1
+                    killed[role] += 1
+                counters.kills, counters.killed = kills, killed
                 if incident.time >= (counters.last_kill or 0.0):
                     counters.last_incident = (incident.kind, incident.scope, incident.explanation[:MAX_EXPLANATION])
                 counters.last_kill = max(counters.last_kill or 0.0, incident.time)
@@ -206,8 +215,7 @@ class Store:
     def snapshot(self) -> Snapshot:
         with self._lock:
             return Snapshot(
-                workloads={k: WorkloadCounters(dict(v.kills), dict(v.killed), v.last_kill, v.gone_since,
-                                               v.last_incident)
+                workloads={k: WorkloadCounters(v.kills, v.killed, v.last_kill, v.gone_since, v.last_incident)
                            for k, v in self._workloads.items()},
                 node_kills=dict(self._node_kills),
                 incidents=tuple(self._incidents),
@@ -232,7 +240,7 @@ class Store:
                 "boot_id": self.boot_id,
                 "cursor_seq": self.cursor_seq,
                 "cursor_source": self.cursor_source,
-                "workloads": [{"labels": list(k), "kills": v.kills, "killed": v.killed, "last_kill": v.last_kill,
+                "workloads": [{"labels": list(k), "kills": dict(v.kills), "killed": dict(v.killed), "last_kill": v.last_kill,
                                "last_incident": list(v.last_incident) if v.last_incident else None,
                                "gone_since": v.gone_since} for k, v in self._workloads.items()],
                 "node_kills": [[k, s, n] for (k, s), n in self._node_kills.items()],
@@ -253,8 +261,9 @@ class Store:
             v.expect(len(labels) == 4 and all(isinstance(x, str) and len(x) <= 4096 for x in labels),
                      "workload labels")
             c = WorkloadCounters()
-            c.kills.update(v.counts(entry, "kills", KINDS))
-            c.killed.update(v.counts(entry, "killed", ROLES))
+            kills, killed = v.counts(entry, "kills", KINDS), v.counts(entry, "killed", ROLES)
+            if any(kills.values()) or any(killed.values()):
+                c.kills, c.killed = {**NO_KILLS, **kills}, {**NO_KILLED, **killed}
             c.last_kill = v.time(entry, "last_kill")
             last_incident = entry.get("last_incident")
             v.expect(last_incident is None or (isinstance(last_incident, list) and len(last_incident) == 3 and all(
@@ -419,11 +428,12 @@ class StateFile:
             raise OSError(f"{self.path}: not written (it could not be read back at start, and is kept as it is)")
         state = store.to_state()
         state.update(extra)
-        data = json.dumps(state, separators=(",", ":"))
         fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.dir)
         try:
             with os.fdopen(fd, "w") as f:
-                f.write(data)
+                # Written as it is encoded: the whole text of thousands of workloads at once would be the
+                # agent's largest allocation.
+                json.dump(state, f, separators=(",", ":"))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)

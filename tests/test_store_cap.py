@@ -36,3 +36,19 @@ def test_the_cap_drops_gone_workloads_first_and_counts_them() -> None:
     snap = store.snapshot()
     assert set(snap.workloads) == {("", "", "", "/live"), ("", "", "", "/step3"), ("", "", "", "/step4")}
     assert snap.workloads_dropped == 3
+
+
+def test_never_killed_workloads_share_zero_counts_and_a_snapshot_keeps_its_values() -> None:
+    """Thousands of workloads are never killed: they hold one shared read-only zero count, not two dicts each;
+    counts are replaced, not changed in place, so a snapshot taken before a kill still shows the old values."""
+    store = Store(grace_seconds=600.0, clock=lambda: 0.0)
+    for cgroup in ("/a", "/b"):
+        store.seen(("", "", "", cgroup))
+    before = store.snapshot().workloads
+    a, b = before[("", "", "", "/a")], before[("", "", "", "/b")]
+    assert a.kills is b.kills and a.killed is b.killed
+    store.publish(kill_in("/a", 1))
+    after = store.snapshot().workloads[("", "", "", "/a")]
+    assert dict(after.kills) == {"single": 1, "group": 0} and dict(after.killed) == {"victim": 1, "collateral": 0}
+    assert dict(a.kills) == {"single": 0, "group": 0}  # the earlier snapshot is unchanged
+    assert store.snapshot().workloads[("", "", "", "/b")].kills is b.kills
