@@ -14,7 +14,9 @@ per batch behind a 4-byte length.
 
 from __future__ import annotations
 
+import ctypes  # here, not in the child: imported before the fork, its pages stay shared
 import errno
+import gc
 import os
 import pickle
 import select
@@ -56,7 +58,12 @@ class KmsgChild:
             fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
         except OSError:
             pass  # a smaller pipe only means the child holds more itself
+        # The child's collector must not write to the objects it shares with the agent (copying their pages):
+        # what exists now is frozen out of its reach. The agent unfreezes its own at once.
+        gc.freeze()
         pid = os.fork()
+        if pid != 0:
+            gc.unfreeze()
         if pid == 0:  # the child: never returns
             os.close(r)
             code = 0
@@ -110,8 +117,6 @@ class KmsgChild:
 def _child(reader: LiveKmsg, out_fd: int) -> None:
     """Read, pre-filter, forward; hold batches while the agent is busy; exit when it is gone."""
     try:
-        import ctypes
-
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
