@@ -1,9 +1,10 @@
 """The typed values that flow through oomwatch: kernel records in, incidents out.
 
 Everything here is immutable so sources, the correlator and sinks can share values across threads without
-copying: kernel records and OOM lines are named tuples (made by the hundred thousand in a storm and sent pickled from
-the reader process: a named tuple is made twice as fast as a frozen dataclass, pickled at half the size and
-unpickled twice as fast), the rest frozen dataclasses. Field names follow the incident JSON of docs/contract.md where they surface.
+copying: kernel records and OOM lines are named tuples (made by the hundred thousand in a storm and sent
+pickled from the reader process: a named tuple is made twice as fast as a frozen dataclass, pickled at half
+the size and unpickled twice as fast), the rest frozen dataclasses. Field names follow the incident JSON of
+docs/contract.md where they surface.
 """
 
 from __future__ import annotations
