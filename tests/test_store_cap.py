@@ -52,3 +52,21 @@ def test_never_killed_workloads_share_zero_counts_and_a_snapshot_keeps_its_value
     assert dict(after.kills) == {"single": 1, "group": 0} and dict(after.killed) == {"victim": 1, "collateral": 0}
     assert dict(a.kills) == {"single": 0, "group": 0}  # the earlier snapshot is unchanged
     assert store.snapshot().workloads[("", "", "", "/b")].kills is b.kills
+
+
+def test_the_state_is_written_in_pieces_exactly_as_json_dumps_writes_it() -> None:
+    """write_json encodes lists and dicts of thousands of entries a piece at a time (with json's C encoder): the
+    text is the same as one json.dumps of the whole state, at every size around a piece's."""
+    import io
+    import json
+
+    from oomwatch.store import _PIECE, write_json
+
+    for n in (0, 1, _PIECE - 1, _PIECE, _PIECE + 1, 3 * _PIECE + 7):
+        state = {"version": 2, "workloads": [{"labels": ["ns", f"pod-{i}", "c", ""], "kills": {"group": i}}
+                                             for i in range(n)],
+                 "accounts": {f"/kubepods/pod{i}": {"ino": i, "seen": {"oom_kill": 1}} for i in range(n)},
+                 "incidents": [], "kmsg": {}, "cursor_seq": None, "text": "é\"\n"}
+        out = io.StringIO()
+        write_json(out, state)
+        assert out.getvalue() == json.dumps(state, separators=(",", ":")), n
