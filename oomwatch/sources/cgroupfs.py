@@ -22,7 +22,7 @@ from oomwatch.parse.cgroup import (
     parse_proc_pid_cgroup,
     parse_proc_stat_exiting,
 )
-from oomwatch.parse.pressure import parse_memory_stat_field, parse_pressure, working_set_bytes
+from oomwatch.parse.pressure import Pressure, parse_memory_stat_field, parse_pressure, working_set_bytes
 
 log = logging.getLogger(__name__)
 
@@ -132,11 +132,8 @@ class CgroupFS:
         if with_pids:
             procs = cat(f"{base}/cgroup.procs")
             pids = parse_pids(procs) if procs is not None else ()
-        usage = self.parsed(f"{base}/memory.current", current, parse_int)
-        stat = cat(f"{base}/memory.stat")
-        inactive_file = self.parsed(f"{base}/memory.stat", stat,
-                                    lambda text: parse_memory_stat_field(text, "inactive_file"))
-        pressure = cat(f"{base}/memory.pressure")  # absent where the kernel has no PSI
+        usage, working_set, pressure = self.memory_use(base, current, cat(f"{base}/memory.stat"),
+                                                       cat(f"{base}/memory.pressure"))
         return CgroupStats(
             path=path,
             oom_group=self.parsed(f"{base}/memory.oom.group", cat(f"{base}/memory.oom.group"),
@@ -147,9 +144,19 @@ class CgroupFS:
             usage_bytes=usage,
             peak_bytes=self.parsed(f"{base}/memory.peak", cat(f"{base}/memory.peak"), parse_int),
             pids=pids,
-            working_set_bytes=working_set_bytes(usage, inactive_file),
-            pressure=parse_pressure(pressure) if pressure is not None else None,
+            working_set_bytes=working_set,
+            pressure=pressure,
         )
+
+    def memory_use(self, base: str, current: Optional[str], stat: Optional[str],
+                   pressure: Optional[str]) -> tuple[Optional[int], Optional[int], Optional[Pressure]]:
+        """(usage, working set, pressure) from the texts of memory.current, memory.stat and memory.pressure
+        (None where a file is absent, as memory.pressure without PSI); malformed values are counted."""
+        usage = self.parsed(f"{base}/memory.current", current, parse_int)
+        inactive_file = self.parsed(f"{base}/memory.stat", stat,
+                                    lambda text: parse_memory_stat_field(text, "inactive_file"))
+        return (usage, working_set_bytes(usage, inactive_file),
+                parse_pressure(pressure) if pressure is not None else None)
 
     def read_pids(self, path: str) -> tuple[int, ...]:
         procs = cat(f"{self.abspath(path)}/cgroup.procs")

@@ -30,7 +30,6 @@ from typing import Callable, Optional
 
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import parse_int, parse_limit, parse_oom_group
-from oomwatch.parse.pressure import parse_memory_stat_field, parse_pressure, working_set_bytes
 from oomwatch.sources.cgroupfs import CgroupFS, cat
 
 # Descriptors left for everything else (HTTP connections, inotify, the kernel log, state files).
@@ -149,12 +148,7 @@ class StatCache:
                 self._close(entry)
                 return None
         oom_group, limit, events = signalled
-        usage = self.fs.parsed(f"{base}/memory.current", current, parse_int)
-        inactive_file = None
-        if stat is not None:
-            inactive_file = parse_memory_stat_field(stat, "inactive_file")
-            if inactive_file is None:
-                self.fs.count_parse_error(f"{base}/memory.stat", stat)
+        usage, working_set, parsed_pressure = self.fs.memory_use(base, current, stat, pressure)
         if pressure is None and current is not None and not self.psi_absent_logged:
             # Every cgroup has memory.pressure where PSI is on; one with memory.current and none is a kernel
             # without PSI.
@@ -165,8 +159,8 @@ class StatCache:
             path=path, oom_group=oom_group, events=events, limit_bytes=limit,
             usage_bytes=usage,
             peak_bytes=self.fs.parsed(f"{base}/memory.peak", peak, parse_int),
-            working_set_bytes=working_set_bytes(usage, inactive_file),
-            pressure=parse_pressure(pressure) if pressure is not None else None,
+            working_set_bytes=working_set,
+            pressure=parsed_pressure,
         )
 
     def _read_held(self, entry: _Entry, slot: int, base: str) -> Optional[str]:
