@@ -13,6 +13,7 @@ The main thread waits for SIGTERM/SIGINT or a dead thread, then stops everything
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -73,28 +74,27 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
     """glibc gives each thread that allocates its own malloc arena, and freed memory scattered over a handful of
     arenas is not handed back: the agent's threads (reader pump, processor, cgroup watcher, HTTP, scrape) kept
     megabytes each. Two arenas, set before the threads start (mallopt M_ARENA_MAX)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass  # not glibc
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(-8, arenas)  # M_ARENA_MAX
 
 
 def _malloc_trim() -> None:
-    global _libc
-    if _libc is None:
-        try:
-            import ctypes
-
-            _libc = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc: nothing to trim
-            _libc = False
-    if _libc:
-        _libc(0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
-_libc = None
+@functools.lru_cache(maxsize=1)
+def _glibc():
+    """glibc, for its malloc tuning; None elsewhere (musl, macOS): nothing to tune."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except (OSError, AttributeError):
+        return None
 
 
 class Agent:
