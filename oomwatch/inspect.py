@@ -30,6 +30,7 @@ from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.parse.kmsg import TextLogStats
 from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, Lost, is_saved_log, open_kernel_log, read_saved_log
 from oomwatch.reconcile import counted_incident, counted_since_creation
+from oomwatch.timefmt import utc_seconds
 from oomwatch.workloads import WorkloadResolver, scope_of
 from oomwatch.workloads.kubelet import read_kubelet_config
 from oomwatch.workloads.runtime import RuntimeNames
@@ -258,7 +259,7 @@ def restart_cause(restarts: int, run_started: float, kills: list[tuple[float, st
     """Whether a container's last restart followed an OOM kill: the last kernel-log kill of the container
     before its current run (cgroup) began, within RESTART_AFTER_KILL_SECONDS. `kills`: (time, victim) of the
     container's incidents in the kernel log."""
-    began = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(run_started)) + "Z"
+    began = utc_seconds(run_started)
     out: dict[str, Any] = {"restarts": restarts, "run_started": began, "oom_kill": None, "kill_time": None}
     before = [k for k in kills if k[0] <= run_started]
     if not log_readable:
@@ -266,7 +267,7 @@ def restart_cause(restarts: int, run_started: float, kills: list[tuple[float, st
         return out
     last = max(before) if before else None
     if last is not None and run_started - last[0] <= RESTART_AFTER_KILL_SECONDS:
-        out.update(oom_kill=True, kill_time=time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(last[0])) + "Z")
+        out.update(oom_kill=True, kill_time=utc_seconds(last[0]))
         out["why"] = (f"restarted {restarts}x; the last restart followed an OOM kill ({last[1]} killed at "
                       f"{out['kill_time']}, {run_started - last[0]:.0f} s before the current run began)")
     else:
@@ -623,13 +624,13 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
             out.append("  none in the kernel log")
     for inc in incidents:
         killed = inc["killed"]
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(_epoch(inc["time"])))
+        when = utc_seconds(_epoch(inc["time"]))
         tag = s.red("GROUP") if inc["kind"] == "group" else "single"
         if inc.get("evidence") == "memory.events":  # counted by the kernel, no longer in its log: no pids
-            out.append(f"  {when}Z  {tag} kill, scope {inc['scope']}, counted from memory.events")
+            out.append(f"  {when}  {tag} kill, scope {inc['scope']}, counted from memory.events")
             out.extend(_wrap(inc["explanation"], width, indent="    "))
             continue
-        out.append(f"  {when}Z  {tag} kill, scope {inc['scope']}, {len(killed)} killed")
+        out.append(f"  {when}  {tag} kill, scope {inc['scope']}, {len(killed)} killed")
         out.extend(_wrap(inc["explanation"], width, indent="    "))
         pids = ", ".join(f"{p['comm']}({p['pid']})" for p in killed)
         out.extend(_wrap(f"killed: {pids}", width, indent="    "))
