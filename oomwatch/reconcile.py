@@ -65,6 +65,7 @@ class Account:
     deficit_at: Optional[float] = None  # when a positive deficit was first noticed
     gone: bool = False
     grouped: bool = False  # memory.oom.group=1 here or above: every kill in it is a group kill
+
     def to_state(self) -> dict:
         return {"ino": self.ino, "first_seen": self.first_seen, "seen": self.seen.to_dict(),
                 "kernel": self.kernel.to_dict(), "since": self.since}

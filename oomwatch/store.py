@@ -33,7 +33,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 MAX_EXPLANATION = 1000  # characters of an incident's explanation kept for the info series
 
-# Series sets kept at most (13 series each): a live workload is never dropped, gone ones are, oldest first.
+# Workloads (series sets) kept at most: a live workload is never dropped, gone ones are, oldest first.
 MAX_WORKLOADS = 20_000
 
 Labels = tuple[str, str, str, str]  # namespace, pod, container, cgroup (CONTRACT identity labels)

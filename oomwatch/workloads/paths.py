@@ -24,7 +24,6 @@ and scopes (`kubepods.slice`, `cri-containerd-….scope`, `slurmstepd.scope`).
 from __future__ import annotations
 
 import functools
-
 import re
 from dataclasses import dataclass, replace
 from typing import Optional
