@@ -28,7 +28,7 @@ IDENTITY = ["namespace", "pod", "container", "cgroup"]
 # exporter speak. OpenMetrics is not offered: a client asking for it gets this, which all of them accept.
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# Series that `--drop-series` can leave out on large fleets (README "Cardinality").
+# Series that `--drop-series` can leave out on large fleets (README "How many series").
 DROPPABLE = {
     "pods": "the pod-level series of Kubernetes pods (container=\"\"): their kills are counted on the "
             "containers, their memory is the sum of the containers'",
