@@ -1687,6 +1687,10 @@ def say(msg: str) -> None:
 NODE_LEVEL = (
     "oomwatch_node_",
     "oomwatch_kmsg_",
+    "oomwatch_oom_kills_counted_from_events_total",
+    "oomwatch_state_write_errors_total",
+    "oomwatch_workloads_dropped_total",
+    "oomwatch_cgroup_parse_errors_total",
     "oomwatch_detection_latency_seconds_count",
     "oomwatch_detection_latency_seconds_sum",
     "oomwatch_build_info",
