@@ -155,8 +155,8 @@ class CgroupStats:
 
 @dataclass(frozen=True)
 class Workload:
-    """What a cgroup belongs to (CONTRACT `workload`). `cgroup` is the workload cgroup: the container's
-    cgroup, the Slurm step's, the systemd unit's, else the process's own. None = unknown."""
+    """What a cgroup belongs to (docs/contract.md `workload`). `cgroup` is the workload cgroup: the
+    container's cgroup, the Slurm step's, the systemd unit's, else the process's own. None = unknown."""
 
     type: str  # k8s-container | k8s-pod | slurm | systemd | other
     cgroup: str
@@ -176,7 +176,7 @@ class Workload:
     job: Optional[dict[str, str]] = None
 
     def to_json(self) -> dict[str, Any]:
-        """CONTRACT `workload`: absent keys mean unknown."""
+        """docs/contract.md `workload`: absent keys mean unknown."""
         out: dict[str, Any] = {"type": self.type}
         for key in ("namespace", "pod", "container", "pod_uid", "container_id", "slurm_job", "slurm_step",
                     "unit", "owner", "job"):
@@ -190,8 +190,8 @@ class Workload:
         return self.type in ("k8s-container", "k8s-pod")
 
     def metric_labels(self) -> tuple[str, str, str, str]:
-        """(namespace, pod, container, cgroup) identity labels per CONTRACT: Kubernetes series carry names,
-        not cgroups, so a restarted container continues the same series."""
+        """(namespace, pod, container, cgroup) identity labels per docs/contract.md: Kubernetes series carry
+        names, not cgroups, so a restarted container continues the same series."""
         if self.is_kubernetes and self.pod:
             return (self.namespace or "", self.pod, self.container or "", "")
         return ("", "", "", self.cgroup)
@@ -235,7 +235,8 @@ class KilledProcess:
 
 @dataclass(frozen=True)
 class Incident:
-    """One invocation of the OOM killer that killed at least one process (CONTRACT "Incident JSON")."""
+    """One invocation of the OOM killer that killed at least one process (docs/contract.md, "Incident
+    JSON")."""
 
     time: float  # epoch seconds of the kill
     boot_id: str

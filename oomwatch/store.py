@@ -36,7 +36,7 @@ MAX_EXPLANATION = 1000  # characters of an incident's explanation kept for the i
 # Workloads (series sets) kept at most: a live workload is never dropped, gone ones are, oldest first.
 MAX_WORKLOADS = 20_000
 
-Labels = tuple[str, str, str, str]  # namespace, pod, container, cgroup (CONTRACT identity labels)
+Labels = tuple[str, str, str, str]  # namespace, pod, container, cgroup (docs/contract.md identity labels)
 
 
 # Most workloads are never killed: they share these read-only zero counts. Counts are replaced, never changed in

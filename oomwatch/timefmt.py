@@ -6,7 +6,7 @@ import datetime as _dt
 
 
 def iso8601(epoch: float) -> str:
-    """Epoch seconds → `2026-11-22T17:38:21.123456Z` (UTC, microseconds), as CONTRACT shows."""
+    """Epoch seconds → `2026-11-22T17:38:21.123456Z` (UTC, microseconds), as docs/contract.md shows."""
     return _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 

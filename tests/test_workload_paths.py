@@ -1,5 +1,5 @@
 """cgroup path → workload: table-driven over real-shaped paths (both cgroup drivers, every QoS class,
-each runtime, crun children, Slurm, systemd), and the CONTRACT `scope` rules."""
+each runtime, crun children, Slurm, systemd), and the docs/contract.md `scope` rules."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-# memory.events keys oomwatch exports (CONTRACT `event` label); `low` and `sock_throttled` are read but not
-# exported as they say nothing about OOM kills.
+# memory.events keys oomwatch exports (docs/contract.md `event` label); `low` and `sock_throttled` are read but
+# not exported as they say nothing about OOM kills.
 EXPORTED_MEMORY_EVENTS = ("max", "high", "oom", "oom_kill", "oom_group_kill")
 
 

@@ -69,7 +69,7 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 @dataclass(frozen=True)
 class PodInfo:
-    """What the API server says about one pod (CONTRACT `owner` and `job` dicts: {"kind", "name"})."""
+    """What the API server says about one pod (docs/contract.md `owner` and `job` dicts: {"kind", "name"})."""
 
     uid: str
     namespace: str

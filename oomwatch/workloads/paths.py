@@ -303,7 +303,7 @@ def identify(cgroup_path: str) -> Workload:
 
 @functools.lru_cache(maxsize=256)
 def scope_of(victim_cgroup: Optional[str], oom_cgroup: Optional[str], constraint: str) -> str:
-    """CONTRACT `scope`: where the limit was hit, relative to the victim's workload.
+    """docs/contract.md `scope`: where the limit was hit, relative to the victim's workload.
 
     - "node": a global OOM (constraint "global", or oom cgroup "/"; cpuset and mempolicy OOMs are not
       memcg OOMs and the kernel prints `global_oom` for them), and a memcg OOM at the kubepods cgroup

@@ -25,7 +25,7 @@ DASHBOARD = ROOT / "deploy/grafana/oomwatch-dashboard.json"
 SYSTEMD_UNIT = ROOT / "systemd/oomwatch.service"
 SYSTEMD_ENV = ROOT / "systemd/oomwatch.env"
 
-# `oomwatch agent` options, each also read from OOMWATCH_<NAME> (CONTRACT.md and the agent's CLI).
+# `oomwatch agent` options, each also read from OOMWATCH_<NAME> (docs/contract.md and the agent's CLI).
 AGENT_ENV = {
     "OOMWATCH_LISTEN",
     "OOMWATCH_EVENTS_FILE",
@@ -46,7 +46,7 @@ AGENT_ENV = {
     "OOMWATCH_DROP_SERIES",
 }
 
-# Metric names of CONTRACT.md (histogram and counter sample names included) plus Prometheus' `up`.
+# Metric names of docs/contract.md (histogram and counter sample names included) plus Prometheus' `up`.
 CONTRACT_METRICS = {
     "oomwatch_oom_kills_total",
     "oomwatch_oom_killed_processes_total",
