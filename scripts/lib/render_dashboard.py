@@ -170,7 +170,7 @@ def render(results_path: Path, out: Path) -> None:
     fig.text(0.04, 1 - 0.35 / (rows * 0.3 + 1.6), f"{dashboard.get('title', 'oomwatch')}: {LABEL}",
              color=TEXT, fontsize=14, weight="bold", va="top")
     caption = (f"Data: the real-kernel tier (Linux 6.1 under QEMU), the agent from the scripts/build-image image "
-             f"run by runc as the DaemonSet runs it, scraped every 1 s by Debian's Prometheus; one group kill and "
+             f"run by runc as the DaemonSet runs it, scraped every 2 s by Debian's Prometheus; one group kill and "
              f"one single kill; {int(results['end'] - start)} s from {when}. Variables: "
              + ", ".join(f"{k}={v}" for k, v in sorted(results["variables"].items()))
              + ". Counts are Prometheus' increase(), which extrapolates to the window's edges: hence fractional counts.")

@@ -4,7 +4,7 @@ One kubelet-shaped container cgroup (`/kubepods/burstable/pod<uid>/<id>`, memory
 process grows by 1 MiB every half second toward the limit. memory.high is 92% of the limit, as the kubelet's
 MemoryQoS sets it (requests + 0.9 x (limit - requests)): above it the kernel throttles the process, and the
 time it sleeps there is a memory stall (PSI `full`, all of the cgroup's tasks stalled). The driver watches the
-agent's /metrics and the issue-14 alert expressions in Debian's Prometheus (scraping every second), until both
+agent's /metrics and the issue-14 alert expressions in Debian's Prometheus (scraping every 2 s), until both
 are true or 150 s have passed; then it lifts memory.high (to end the scenario in bounded time: a throttled
 process would otherwise approach the limit for minutes) and the kernel OOM-kills the process at memory.max.
 Everything is recorded with monotonic times, the kill's from the kernel's own record.
