@@ -48,7 +48,8 @@ from oomwatch.sources.kmsg import (
     read_saved_log,
 )
 from oomwatch.sources.procconn import SIGKILL, ProcConnector, ProcConnectorUnavailable, ProcessExit, ProcessFork
-from oomwatch.store import StateFile, StateLocked, Store
+from oomwatch.statefile import StateFile, StateLocked
+from oomwatch.store import Store
 from oomwatch.witness import WitnessQueue
 from oomwatch.workloads import WorkloadResolver, scope_of
 from oomwatch.workloads.runtime import RuntimeNames

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from oomwatch.agent import Agent
-from oomwatch.store import STATE_VERSION, StateFile, StateLocked
+from oomwatch.statefile import StateFile, StateLocked
+from oomwatch.store import STATE_VERSION
 from tests.conftest import SeqpacketKmsg, base_url, http_get, incidents_of, running_agent, wait_for
 from tests.test_agent import GOLDEN, agent_config, events, upto
 
@@ -244,7 +245,7 @@ def test_a_full_disk_names_the_file_counts_it_and_loses_no_incident(tmp_path: Pa
     """/dev/full answers every write with ENOSPC: as the events file, and under the state file's temp file."""
     import os as os_module
 
-    import oomwatch.store as store_module
+    import oomwatch.statefile as store_module
 
     def full_mkstemp(prefix="", dir=None):
         return os_module.open("/dev/full", os_module.O_WRONLY), os_module.path.join(dir, prefix + "full")

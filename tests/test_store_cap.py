@@ -60,7 +60,7 @@ def test_the_state_is_written_in_pieces_exactly_as_json_dumps_writes_it() -> Non
     import io
     import json
 
-    from oomwatch.store import _PIECE, write_json
+    from oomwatch.statefile import _PIECE, write_json
 
     for n in (0, 1, _PIECE - 1, _PIECE, _PIECE + 1, 3 * _PIECE + 7):
         state = {"version": 2, "workloads": [{"labels": ["ns", f"pod-{i}", "c", ""], "kills": {"group": i}}
