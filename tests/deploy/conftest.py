@@ -130,7 +130,8 @@ HELM_IMAGE = "image.repository=registry.example/oomwatch"
 
 
 def helm_template(*sets: str, namespace: str = "oomwatch") -> list[dict[str, Any]]:
-    args = [tool("helm"), "template", "oomwatch", str(CHART), "--namespace", namespace]
+    # --skip-tests: the `helm test` pod is a hook, not part of the installed release (test_deploy_helm_extras.py)
+    args = [tool("helm"), "template", "oomwatch", str(CHART), "--namespace", namespace, "--skip-tests"]
     for s in (HELM_IMAGE, *sets):
         args += ["--set", s]
     return load_all(run(args).stdout)
