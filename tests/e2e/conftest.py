@@ -246,11 +246,14 @@ def e2e(request) -> E2ERun:
         pytest.fail(f"the end-to-end VM cannot run on this machine: {e}", pytrace=False)
     r = load_run(run_dir, result, vm_env, time.monotonic() - t0)
     request.config._oomwatch_e2e["run"] = r
+    if result.failure:
+        request.config._oomwatch_e2e["failed"] = True
+        pytest.fail(result.failure_report(), pytrace=False)
     if not (run_dir / "started.json").exists():
         request.config._oomwatch_e2e["failed"] = True
         pytest.fail(
             f"the guest never ran the scenario driver (rc={result.returncode}, timed_out={result.timed_out});"
-            f" console tail:\n{result.console[-3000:]}",
+            f" console, last lines:\n{result.console_tail()}",
             pytrace=False,
         )
     return r
@@ -272,5 +275,10 @@ def boot_for(scenario: str, prefix: str, reuse_env: str, memory_mib: int = vm.DE
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     (run_dir / "settings.json").write_text(json.dumps(settings or {}))
-    _, result = vm.run_scenarios(run_dir, only=scenario, memory_mib=memory_mib)
+    try:
+        _, result = vm.run_scenarios(run_dir, only=scenario, memory_mib=memory_mib)
+    except vm.VMUnavailable as e:
+        pytest.fail(f"the end-to-end VM cannot run on this machine: {e}", pytrace=False)
+    if result.failure:
+        pytest.fail(f"{scenario}'s VM boot ({run_dir}): {result.failure_report()}", pytrace=False)
     return run_dir, result

@@ -42,7 +42,7 @@ def main() -> int:
 
     def boot() -> None:
         try:
-            box["res"] = vm.run_guest(env, vm.scenario_argv(env, out, demo=True), out, timeout=300)
+            box["res"] = vm.run_guest(env, vm.scenario_argv(env, demo=True), out, timeout=300)
         except vm.VMUnavailable as e:
             box["err"] = e
 
@@ -75,7 +75,7 @@ def main() -> int:
         )
         _print(f"demo: FAILED ({why}); see {out}/driver.log and {out}/console.txt")
         if res is not None:
-            _print(res.console[-2000:])
+            _print(res.failure_report() or res.console_tail())
         return 1
     failed = [line for line in said if "NOT healthy" in line or "did NOT publish" in line]
     if failed:

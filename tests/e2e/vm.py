@@ -2,9 +2,19 @@
 one command in the guest, capturing everything it printed.
 
 The guest sees the host's filesystem read-only (9p), with copy-on-write overlays on /etc, /usr, /tmp, /var...;
-`shared_dir` is mounted read-write at the same path (virtme-ng `--rwdir`), so the guest's results land on the
+`shared_dir` is mounted read-write at GUEST_SHARED (virtme-ng `--rwdir`), so the guest's results land on the
 host. Prepare the machine first with `scripts/setup-vm` (root, packages, kernel, modules, busybox rootfs);
 `prepare()` runs it (it is cached and takes a fraction of a second once done).
+
+The kernel command line stays short whatever the checkout's path: the kernel truncates it at
+COMMAND_LINE_SIZE (2,048 bytes on x86), and a truncated one panicked the guest at its first instant from a
+60-character checkout path ("detected buffer overflow in __fortify_strlen"). So the guest's command is a file
+in the shared directory (GUEST_COMMAND, written here), the shared directory has a short guest path, the guest
+starts in / and the kernel image is passed from a directory without lib/modules above it, so virtme-ng uses
+the host's /lib/modules/<version> (scripts/setup-vm installs it) instead of naming the cache's. Only init=
+(virtme-ng's own guest tools in .venv) still carries the checkout's path, once. A guest that panics before
+its command runs, or whose command has not started within `start_timeout`, is stopped at once and reported
+with the console's last lines.
 
 Facts this relies on (measured on a 2-core Debian 12 host without usable KVM):
 - `--disable-kvm`: KVM aborts on an MSR assertion here; TCG boots the 6.1 kernel in ~10 s.
@@ -34,6 +44,18 @@ CACHE = Path(os.environ.get("OOMWATCH_VM_CACHE", REPO / ".cache" / "vm"))
 GUEST_DIR = Path(__file__).resolve().parent / "guest"
 DEFAULT_MEMORY_MIB = 768
 DEFAULT_TIMEOUT = 540  # the whole tier must stay under 10 minutes
+# the guest command starts 10-20 s after launch under TCG here; 10x that is a guest that will not start
+DEFAULT_START_TIMEOUT = 180.0
+KERNEL_CMDLINE_MAX = 2048  # COMMAND_LINE_SIZE, arch/x86/include/asm/setup.h: the kernel cuts a longer one
+GUEST_SHARED = "/run/oomwatch-shared"  # the run directory, as the guest sees it (a tmpfs mount point there)
+GUEST_COMMAND = "guest-command.sh"  # in the run directory: what the guest runs (virtme.exec only names it)
+GUEST_BEGAN = "guest-began"  # written by the guest command's first line: the guest booted and runs it
+# Console lines that end a boot before the guest command runs (an early BUG kills init or hangs the boot:
+# the harness must not wait for its timeout), and those that end a guest at any time.
+FATAL_BEFORE_START = ("Kernel panic", "kernel BUG at", "detected buffer overflow", "BUG: unable to handle",
+                      "general protection fault", "Oops: ")
+FATAL_ANY_TIME = ("Kernel panic - not syncing",)
+CONSOLE_TAIL_LINES = 40
 BLACKLIST = (
     "kvm",
     "kvm_amd",
@@ -104,6 +126,7 @@ class VMResult:
     stdout_path: Path
     console_path: Path
     command: list[str] = field(default_factory=list)
+    failure: str | None = None  # why the harness stopped the guest early (panic, never started)
 
     @property
     def stdout(self) -> str:
@@ -113,6 +136,30 @@ class VMResult:
     def console(self) -> str:
         """Kernel console (loglevel 4) and the guest command's stderr, interleaved."""
         return self.console_path.read_text(errors="replace") if self.console_path.exists() else ""
+
+    def console_tail(self, lines: int = CONSOLE_TAIL_LINES) -> str:
+        return "\n".join(self.console.splitlines()[-lines:])
+
+    def failure_report(self) -> str | None:
+        """What went wrong with the VM itself (not with a scenario), with the console's last lines; None when
+        the guest ran its command to the end."""
+        if self.failure:
+            why = self.failure
+        elif self.timed_out:
+            why = f"the VM run timed out after {self.seconds:.0f}s"
+        else:
+            return None
+        return f"{why}; console ({self.console_path}), last lines:\n{self.console_tail()}"
+
+
+def console_failure(text: str, began: bool) -> str | None:
+    """The console line that means the guest is lost: a panic at any time, or an oops/BUG before the guest
+    command began (`began`). None when the console shows nothing fatal."""
+    patterns = FATAL_ANY_TIME if began else FATAL_BEFORE_START
+    for line in text.splitlines():
+        if any(p in line for p in patterns):
+            return line.strip()
+    return None
 
 
 def prepare() -> VMEnv:
@@ -156,9 +203,11 @@ def prepare() -> VMEnv:
     return vm
 
 
-def vng_command(vm: VMEnv, guest_argv: list[str], shared_dir: Path, memory_mib: int) -> list[str]:
+def vng_command(vm: VMEnv, shared_dir: Path, memory_mib: int, venv: Path = VENV) -> list[str]:
+    """virtme-ng's command line for one boot that runs shared_dir/GUEST_COMMAND (see guest_command_script);
+    nothing in it but init= (virtme-ng's guest tools) depends on where the checkout is."""
     return [
-        str(VENV / "bin" / "vng"),
+        str(venv / "bin" / "vng"),
         "--verbose",
         "--force-9p",
         "--run",
@@ -168,8 +217,10 @@ def vng_command(vm: VMEnv, guest_argv: list[str], shared_dir: Path, memory_mib: 
         "1",
         "--memory",
         f"{memory_mib}M",
-        "--rwdir",
-        str(shared_dir),
+        f"--rwdir={GUEST_SHARED}={Path(shared_dir).resolve()}",
+        # the guest command changes to the repository itself: virtme_chdir would carry its path
+        "--cwd",
+        "/",
         # console at warning level: boot problems and OOM kill lines, not the whole OOM report (the
         # serial console is slow under TCG; the guest reads every record from /dev/kmsg anyway)
         "--append",
@@ -179,8 +230,32 @@ def vng_command(vm: VMEnv, guest_argv: list[str], shared_dir: Path, memory_mib: 
         "--append",
         "modprobe.blacklist=" + ",".join(BLACKLIST),
         "--exec",
-        shlex.join(guest_argv),
+        f"exec /bin/sh {GUEST_SHARED}/{GUEST_COMMAND}",
     ]
+
+
+def guest_command_script(guest_argv: list[str], cwd: Path = REPO) -> str:
+    """The guest's command, as a shell script read from the shared directory (not from the kernel command
+    line, which is too short for the checkout's paths). Its first line tells the host the guest is up."""
+    return (
+        "# written by tests/e2e/vm.py; run by the guest's init (virtme-ng --exec)\n"
+        f": > {GUEST_SHARED}/{GUEST_BEGAN}\n"
+        f"cd {shlex.quote(str(cwd))} || exit 97\n"
+        f"exec {shlex.join(guest_argv)}\n"
+    )
+
+
+def kernel_command_line(vng_argv: list[str], env: dict | None = None) -> str:
+    """The kernel command line virtme-ng builds for `vng_argv` (its --dry-run, no VM started)."""
+    r = subprocess.run(
+        [*vng_argv, "--dry-run"], capture_output=True, text=True, timeout=60, cwd="/", env=env
+    )
+    for line in r.stdout.splitlines():
+        words = shlex.split(line) if "-append" in line else []
+        if "-append" in words:
+            return words[words.index("-append") + 1]
+    raise VMUnavailable(f"virtme-ng --dry-run printed no kernel command line (exit {r.returncode}):\n"
+                        f"{r.stderr[-2000:]}{r.stdout[-2000:]}")
 
 
 def run_guest(
@@ -190,31 +265,53 @@ def run_guest(
     *,
     memory_mib: int = DEFAULT_MEMORY_MIB,
     timeout: float = DEFAULT_TIMEOUT,
+    start_timeout: float = DEFAULT_START_TIMEOUT,
     started_marker: str = "started.json",
 ) -> VMResult:
-    """Boot the kernel once and run `guest_argv` in it as root, in the repository directory.
+    """Boot the kernel once and run `guest_argv` in it as root, in the repository directory; the guest sees
+    shared_dir at GUEST_SHARED, so paths in `guest_argv` that the guest writes to name GUEST_SHARED.
 
     stdout of the guest command goes to shared_dir/guest-stdout.txt, the kernel console and the command's
     stderr to shared_dir/console.txt. `boot_seconds` is the time until shared_dir/<started_marker> appeared.
+    The guest is stopped at once, with `failure` set, when the console shows a panic (or an oops before the
+    command ran), or when the command has not begun within `start_timeout` seconds.
     """
     shared_dir = Path(shared_dir).resolve()
     shared_dir.mkdir(parents=True, exist_ok=True)
     if not (Path("/usr/bin/qemu-system-x86_64").exists() or _which("qemu-system-x86_64")):
         raise VMUnavailable("qemu-system-x86_64 not installed (run scripts/setup-vm)")
-    cmd = vng_command(vm, guest_argv, shared_dir, memory_mib)
+    (shared_dir / GUEST_BEGAN).unlink(missing_ok=True)
+    (shared_dir / GUEST_COMMAND).write_text(guest_command_script(guest_argv))
+    cmd = vng_command(vm, shared_dir, memory_mib)
     env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    cmdline = kernel_command_line(cmd, env)
+    if len(cmdline.encode()) >= KERNEL_CMDLINE_MAX:
+        raise VMUnavailable(
+            f"the kernel command line virtme-ng builds is {len(cmdline.encode())} bytes, over the kernel's "
+            f"{KERNEL_CMDLINE_MAX} (the guest would panic at boot): {cmdline}"
+        )
+    return _supervise(cmd, env, shared_dir, timeout, start_timeout, started_marker)
+
+
+def _supervise(
+    cmd: list[str], env: dict, shared_dir: Path, timeout: float, start_timeout: float, started_marker: str
+) -> VMResult:
+    """Run the VM command, watching its console; see run_guest."""
     stdout_path, console_path = shared_dir / "guest-stdout.txt", shared_dir / "console.txt"
-    marker = shared_dir / started_marker
+    marker, began_marker = shared_dir / started_marker, shared_dir / GUEST_BEGAN
     t0 = time.monotonic()
     boot = None
     timed_out = False
-    with open(stdout_path, "wb") as out, open(console_path, "wb") as err:
+    failure = None
+    fatal_at = None  # when the fatal line was seen: the guest gets a moment to print the rest of its trace
+    seen = ""  # the console's last bytes, so a line split between two reads still matches
+    with open(stdout_path, "wb") as out, open(console_path, "wb") as err, open(console_path, "rb") as con:
         err.write(f"# {shlex.join(cmd)}\n".encode())
         err.flush()
         try:
             proc = subprocess.Popen(
                 cmd,
-                cwd=REPO,
+                cwd="/",
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -224,16 +321,39 @@ def run_guest(
         except OSError as e:
             raise VMUnavailable(f"cannot start virtme-ng: {e}") from e
         while proc.poll() is None:
+            now = time.monotonic() - t0
+            began = began_marker.exists()
             if boot is None and marker.exists():
-                boot = time.monotonic() - t0
-            if time.monotonic() - t0 > timeout:
+                boot = now
+            chunk = con.read().decode(errors="replace")
+            if chunk and failure is None:
+                seen = seen[-4096:] + chunk
+                fatal = console_failure(seen[: seen.rfind("\n") + 1], began)
+                if fatal:
+                    when = f"{now:.0f}s after launch, " + (
+                        "while the guest command ran" if began else "before the guest command began"
+                    )
+                    failure, fatal_at = f"the guest kernel failed ({when}): {fatal}", now
+            if fatal_at is not None and now - fatal_at > 1.0:
+                _kill_group(proc)
+                break
+            if failure is None and not began and now > start_timeout:
+                failure = (
+                    f"the guest command had not begun {start_timeout:.0f}s after launch "
+                    f"(no {GUEST_BEGAN} in {shared_dir})"
+                )
+                _kill_group(proc)
+                break
+            if now > timeout:
                 timed_out = True
                 _kill_group(proc)
                 break
             time.sleep(0.1)
     if boot is None and marker.exists():
         boot = time.monotonic() - t0  # finished between two polls
-    return VMResult(proc.returncode, time.monotonic() - t0, boot, timed_out, stdout_path, console_path, cmd)
+    return VMResult(
+        proc.returncode, time.monotonic() - t0, boot, timed_out, stdout_path, console_path, cmd, failure
+    )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -256,14 +376,13 @@ def _which(name: str) -> str | None:
     return None
 
 
-def scenario_argv(
-    vm: VMEnv, out_dir: Path, only: str = "", agent: Path | None = None, demo: bool = False
-) -> list[str]:
+def scenario_argv(vm: VMEnv, only: str = "", agent: Path | None = None, demo: bool = False) -> list[str]:
+    """The guest driver's command; it writes its results to the shared directory (GUEST_SHARED there)."""
     argv = [
         str(VENV / "bin" / "python"),
         str(GUEST_DIR / "driver.py"),
         "--out",
-        str(Path(out_dir).resolve()),
+        GUEST_SHARED,
         "--rootfs",
         str(vm.rootfs),
         "--agent",
@@ -308,7 +427,7 @@ def run_scenarios(
     comp = compile_python()
     try:
         res = run_guest(
-            vm, scenario_argv(vm, out_dir, only), Path(out_dir), memory_mib=memory_mib, timeout=timeout
+            vm, scenario_argv(vm, only), Path(out_dir), memory_mib=memory_mib, timeout=timeout
         )
     finally:
         comp.wait()
@@ -322,7 +441,8 @@ def main() -> int:
     ap.add_argument("--memory", type=int, default=DEFAULT_MEMORY_MIB)
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT)
     ap.add_argument(
-        "--exec", dest="exec_", default="", help="run this shell command instead of the scenarios"
+        "--exec", dest="exec_", default="",
+        help=f"run this shell command instead of the scenarios (the run directory is {GUEST_SHARED} there)"
     )
     ap.add_argument("--agent", default=None, help="oomwatch executable to test (default: .venv/bin/oomwatch)")
     a = ap.parse_args()
@@ -332,7 +452,7 @@ def main() -> int:
     argv = (
         ["sh", "-c", a.exec_]
         if a.exec_
-        else scenario_argv(vm, out, a.only, Path(a.agent) if a.agent else None)
+        else scenario_argv(vm, a.only, Path(a.agent) if a.agent else None)
     )
     res = run_guest(
         vm,
@@ -340,16 +460,18 @@ def main() -> int:
         out,
         memory_mib=a.memory,
         timeout=a.timeout,
-        started_marker="started.json" if not a.exec_ else "guest-stdout.txt",
+        started_marker="started.json" if not a.exec_ else GUEST_BEGAN,
     )
     comp.wait()
     print(res.stdout)
+    if res.failure_report():
+        print(res.failure_report(), file=sys.stderr)
     print(
         f"rc={res.returncode} boot={res.boot_seconds} total={res.seconds:.1f}s timed_out={res.timed_out} "
         f"out={out}",
         file=sys.stderr,
     )
-    return 0 if res.returncode == 0 and not res.timed_out else 1
+    return 0 if res.returncode == 0 and not res.timed_out and not res.failure else 1
 
 
 if __name__ == "__main__":
