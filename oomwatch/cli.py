@@ -187,7 +187,7 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
     import os
 
     from oomwatch.inspect import build_report, parse_since, render_text, terminal_width
-    from oomwatch.sources.kmsg import is_saved_log
+    from oomwatch.sources.kmsg import SAVED, kernel_log_kind
 
     since_ts = None
     if since is not None:
@@ -210,11 +210,11 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
             raise click.BadParameter(f"{path} is not a directory", param_hint=hint)
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, kubelet_config=kubelet_config,
                     run_root=run_root, pod_log_dir=pod_log_dir, boot_time=_boot_time(boot_time))
-    saved_log = ctx.get_parameter_source("kmsg") != source and is_saved_log(kmsg)
+    saved_log = ctx.get_parameter_source("kmsg") != source and kernel_log_kind(kmsg) == SAVED
     # A saved log may come from another node: this host's cgroups would describe the wrong one.
     node_view = not saved_log or ctx.get_parameter_source("cgroup_root") != source
     report = build_report(config, target=target, container=container, since=since_ts, node_view=node_view, tz=tz,
-                          limit=limit or None)
+                          limit=limit or None, since_label=since)
     error = (report.get("kmsg") or {}).get("error")
     if error and saved_log:
         raise click.ClickException(f"cannot read the kernel log: {error}")

@@ -28,7 +28,17 @@ from oomwatch.node import (
 )
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.parse.kmsg import TextLogStats
-from oomwatch.sources.kmsg import Garbled, KmsgUnavailable, Lost, is_saved_log, open_kernel_log, read_saved_log
+from oomwatch.sources.kmsg import (
+    LIVE_KMSG,
+    SAVED,
+    Garbled,
+    KmsgUnavailable,
+    Lost,
+    kernel_log_kind,
+    open_kernel_log,
+    read_saved_log,
+    saved_log_verdict,
+)
 from oomwatch.reconcile import counted_incident, counted_since_creation
 from oomwatch.timefmt import utc_seconds
 from oomwatch.workloads import WorkloadResolver, scope_of
@@ -62,7 +72,8 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
     health: what was read, understood and found). With `on_incident`, each incident goes there as it is
     found and none is kept (a log of a million kills). Raises KmsgUnavailable when the log cannot be read at
     all, or when a saved log holds nothing (empty input, or journalctl saying it found no journal)."""
-    live = not is_saved_log(config.kmsg)
+    kind = kernel_log_kind(config.kmsg)
+    live = kind != SAVED
     boot_time = config.boot_time if config.boot_time is not None else host_boot_time()
     correlator = make_correlator(boot_id=boot_id if live else "saved-log", boot_time=boot_time,
                                  resolver=resolver, posture_single=lambda: single, cgroup_of_pid=cgroup_of_pid,
@@ -116,20 +127,25 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
     health["first_parse_error"] = first_error
     health["suppressed_reports"] = stats.suppressed_reports
     health["oom_reports"] = found
-    health["times_from"] = "log" if wall_clock else ("boot time given" if config.boot_time is not None or live
-                                                     else "this host's boot time")
+    health["boot_time"] = boot_time
+    if wall_clock:
+        health["times_from"] = "log"
+    elif config.boot_time is not None:
+        health["times_from"] = "boot time given"
+    else:  # the live log is this boot's; a saved one is assumed to be
+        health["times_from"] = "this host's boot time"
     if not live:
-        if text_stats.notice is not None and not text_stats.records:
-            raise KmsgUnavailable(f"{_source_name(config.kmsg)} holds no kernel log, only journalctl's "
-                                  f"\"{text_stats.notice}\" (run it as root, or on the node itself)")
-        if not text_stats.lines:
-            raise KmsgUnavailable(f"{_source_name(config.kmsg)} is empty")
+        verdict = saved_log_verdict(config.kmsg, text_stats)
+        if verdict is not None:
+            raise KmsgUnavailable(verdict)
         health["text"] = {
             "lines": text_stats.lines, "kernel_records": text_stats.records, "formats": dict(text_stats.formats),
             "other_program_lines": text_stats.other, "comment_lines": text_stats.comments, "unreadable_lines": text_stats.garbled,
             "first_unreadable": text_stats.first_garbled, "cut_lines": text_stats.truncated,
             "guessed_years": sorted(text_stats.guessed_years),
         }
+        if text_stats.decoded:  # what was undone before reading: "gzip", "UTF-16LE", "NUL"
+            health["text"]["decoded"] = list(text_stats.decoded)
         health["parse_errors"] += text_stats.garbled
         if first_error is None:
             health["first_parse_error"] = text_stats.first_garbled
@@ -141,6 +157,8 @@ def _source_name(source: str) -> str:
 
 
 _FORMAT_NAMES = {"kmsg": "raw kmsg", "bare": "without prefix"}
+_DECODED = {"gzip": "decompressed (gzip)", "xz": "decompressed (xz)", "bzip2": "decompressed (bzip2)",
+            "UTF-16LE": "converted from UTF-16LE", "UTF-16BE": "converted from UTF-16BE", "NUL": "NUL bytes removed"}
 
 
 def reader_summary(kmsg: dict) -> str:
@@ -152,8 +170,10 @@ def reader_summary(kmsg: dict) -> str:
         return f"{kmsg['source']}: {kmsg['records']} records read, {found}."
     formats = ", ".join(f"{_FORMAT_NAMES.get(name, name)} {n}"
                         for name, n in sorted(text["formats"].items(), key=lambda kv: -kv[1]))
-    parts = [f"{_source_name(kmsg['source'])}: {text['lines']} lines read, {text['kernel_records']} kernel "
-             f"records understood" + (f" ({formats})" if formats else "")]
+    decoded = ", ".join(_DECODED.get(step, step) for step in text.get("decoded", []))
+    parts = [f"{_source_name(kmsg['source'])}: " + (f"{decoded}; " if decoded else "")
+             + f"{text['lines']} lines read, {text['kernel_records']} kernel records understood"
+             + (f" ({formats})" if formats else "")]
     if text["other_program_lines"]:
         parts.append(f"{text['other_program_lines']} lines of other programs skipped")
     if text["comment_lines"]:
@@ -292,10 +312,11 @@ def _matches(target: Optional[str], container: Optional[str], workload: dict, cg
 
 def build_report(config: Config, *, target: Optional[str] = None, container: Optional[str] = None,
                  since: Optional[float] = None, node_view: bool = True, clock=time.time, tz=None,
-                 limit: Optional[int] = None) -> dict[str, Any]:
+                 limit: Optional[int] = None, since_label: Optional[str] = None) -> dict[str, Any]:
     """The report as data. `node_view=False` (a saved log from elsewhere) skips this host's posture and
     workloads: they would describe the wrong node. `tz`: the zone of a saved log's dates printed without one
-    (default: this machine's); `limit`: show at most this many incidents (the rest are summed up by workload)."""
+    (default: this machine's); `limit`: show at most this many incidents (the rest are summed up by workload);
+    `since_label`: `since` as the user wrote it, for the filter line."""
     proc = Proc(config.proc)
     fs = CgroupFS(config.cgroup_root)
     notes: list[str] = []
@@ -403,7 +424,7 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
 
     shown = _Selection(target, container, since, limit)
     reconciler = None
-    if node_view and not is_saved_log(config.kmsg) and counted:
+    if node_view and kernel_log_kind(config.kmsg) != SAVED and counted:
         # The kernel's counters are the count of record: kills they show that the ring no longer describes.
         boot = config.boot_time if config.boot_time is not None else host_boot_time()
         reconciler = counted_since_creation(
@@ -432,7 +453,8 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
             for incident in found:
                 shown.offer(incident)
             if found:
-                notes.append(f"{len(found)} OOM kill(s) counted by the kernel's memory.events are no longer in "
+                notes.append(f"{len(found)} OOM kill{'' if len(found) == 1 else 's'} counted by the kernel's memory.events "
+                             f"{'is' if len(found) == 1 else 'are'} no longer in "
                              "the kernel log (its ring buffer overwrote them): shown with their cgroup and kind, "
                              "without process details.")
         report["kmsg"] = health
@@ -440,22 +462,29 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
         report["kmsg"] = {"source": config.kmsg, "error": str(exc)}
         notes.append(f"cannot read the kernel log: {exc}. Recent incidents are not shown; the node posture and "
                      "workloads above are.")
-    if shown.in_log and (report["kmsg"] or {}).get("times_from") == "this host's boot time":
-        notes.append("this log carries no wall-clock times: they are shown as if it came from this host's "
-                     "current boot; pass --boot-time for a log from another boot.")
+    boot = (report["kmsg"] or {}).pop("boot_time", None)
+    # A saved log without wall-clock times from an unknown boot: its kills' dates cannot be known (the host's
+    # boot time would make them up, a 2019 log dated in 2027); they are shown as seconds since that boot.
+    times_unknown = (boot is not None and not report["kmsg"].get("live")
+                     and report["kmsg"].get("times_from") == "this host's boot time")
+    if shown.in_log and times_unknown:
+        notes.append("this log carries no wall-clock times: each kill is shown by its time since its boot; pass "
+                     "--boot-time (when that boot began) to see dates.")
     years = ((report["kmsg"] or {}).get("text") or {}).get("guessed_years")
     if years:
         notes.append(f"this log's dates carry no year: {'/'.join(map(str, years))} was assumed (the latest year in "
                      "which each date is not in the future).")
     if report["kmsg"] and report["kmsg"].get("lost"):
         notes.append(f"{report['kmsg']['lost']} kernel log records were lost (overwritten) before they could be read.")
+    since_shown = since_label or (utc_seconds(since) if since is not None else None)
     filters = [f for f in (target, container and f"--container {container}",
-                           since is not None and "--since") if f]
+                           since is not None and f"--since {since_shown}") if f]
     report["filter"] = {"filters": filters, "in_log": shown.in_log, "matching": shown.matching}
     if shown.hidden:
         report["not_shown"] = {"count": sum(shown.hidden.values()),
                                "by_workload": dict(shown.hidden.most_common())}
-    report["incidents"] = [i.to_json() for i in reversed(shown.newest)]  # newest first
+    report["incidents"] = [_incident_json(i, boot if times_unknown else None)
+                           for i in reversed(shown.newest)]  # newest first
     if node_view and restarted:
         readable = not (report["kmsg"] or {}).get("error")
         report["restarts"] = []
@@ -468,6 +497,16 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
                                        **restart_cause(restarts, started, kills, readable)})
     report["warnings"] = reader_warnings(report["kmsg"])
     return report
+
+
+def _incident_json(incident: Incident, unknown_boot: Optional[float]) -> dict[str, Any]:
+    """The incident as JSON; with `unknown_boot` (the boot time assumed for a log that has none) its time
+    is not a date but `since_boot_seconds`."""
+    out = incident.to_json()
+    if unknown_boot is not None:
+        out["time"] = None
+        out["since_boot_seconds"] = round(incident.time - unknown_boot, 6)
+    return out
 
 
 class _Selection:
@@ -529,12 +568,26 @@ class Style:
 _WRAP_MAX = 4000
 
 
-def _wrap(text: str, width: int, indent: str = "  ") -> list[str]:
+_GLUE = "\ue000"  # stands for a space that must not break a line (a private-use character, never in input)
+_BACKTICKED = re.compile(r"`[^`\n]{1,200}`")
+
+
+def _wrap(text: str, width: int, indent: str = "  ", keep: Iterable[Optional[str]] = ()) -> list[str]:
+    """Lines of at most `width` columns where words allow. Never broken, whatever the width (what a person
+    copies must survive it): a word (paths, cgroups: not at their hyphens, nor when longer than a line),
+    each of `keep` (names with spaces), and a `command` in backticks."""
     import textwrap
 
     if len(text) > _WRAP_MAX:
         text = text[:_WRAP_MAX] + "…"
-    return textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ") or [indent]
+    if _GLUE in text:
+        text = text.replace(_GLUE, " ")
+    for phrase in sorted({k for k in keep if k and " " in k}, key=len, reverse=True):
+        text = text.replace(phrase, phrase.replace(" ", _GLUE))
+    text = _BACKTICKED.sub(lambda m: m.group(0).replace(" ", _GLUE), text)
+    lines = textwrap.wrap(text, width=width, initial_indent=indent, subsequent_indent=indent + "  ",
+                          break_on_hyphens=False, break_long_words=False) or [indent]
+    return [line.replace(_GLUE, " ") for line in lines]
 
 
 def _fit(text: str, width: int) -> str:
@@ -612,11 +665,12 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         heading += f" of {len(incidents) + not_shown['count']}"
     out.append(s.bold(heading + ", newest first)"))
     if kmsg.get("source") and not kmsg.get("error"):
-        out.extend(_wrap("kernel log: " + reader_summary(kmsg), width))
+        out.extend(_wrap("kernel log: " + reader_summary(kmsg), width, keep=[_source_name(kmsg["source"])]))
     if filt.get("filters") and filt["matching"] < filt["in_log"]:
         n = filt["in_log"]
-        out.extend(_wrap(f"{n} kill{'' if n == 1 else 's'} in the log, {filt['matching']} match "
-                         f"{' '.join(filt['filters'])}", width))
+        out.extend(_wrap(f"{n} kill{'' if n == 1 else 's'} in the log, {filt['matching']} match"
+                         f"{'es' if filt['matching'] == 1 else ''} {' '.join(filt['filters'])}", width,
+                         keep=filt["filters"]))
     if not incidents:
         if kmsg.get("error"):
             out.append("  unknown (kernel log unreadable)")
@@ -624,14 +678,15 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
             out.append("  none in the kernel log")
     for inc in incidents:
         killed = inc["killed"]
-        when = utc_seconds(_epoch(inc["time"]))
+        when = (utc_seconds(_epoch(inc["time"])) if inc["time"] is not None
+                else f"{inc['since_boot_seconds']:.6f} s after boot")
         tag = s.red("GROUP") if inc["kind"] == "group" else "single"
         if inc.get("evidence") == "memory.events":  # counted by the kernel, no longer in its log: no pids
             out.append(f"  {when}  {tag} kill, scope {inc['scope']}, counted from memory.events")
-            out.extend(_wrap(inc["explanation"], width, indent="    "))
+            out.extend(_wrap(inc["explanation"], width, indent="    ", keep=_names_in(inc)))
             continue
-        out.append(f"  {when}  {tag} kill, scope {inc['scope']}, {len(killed)} killed")
-        out.extend(_wrap(inc["explanation"], width, indent="    "))
+        out.append(f"  {when}  {tag} kill, scope {_scope_shown(inc)}, {len(killed)} killed")
+        out.extend(_wrap(inc["explanation"], width, indent="    ", keep=_names_in(inc)))
         pids = ", ".join(f"{p['comm']}({p['pid']})" for p in killed)
         out.extend(_wrap(f"killed: {pids}", width, indent="    "))
         if inc.get("exiting"):
@@ -644,6 +699,30 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         parts = ", ".join(f"{name} {n}" for name, n in not_shown["by_workload"].items())
         out.extend(_wrap(f"{not_shown['count']} older kills not shown (--limit); by workload: {parts}", width))
     return "\n".join(out) + "\n"
+
+
+def _names_in(inc: dict) -> list[Optional[str]]:
+    """What an incident's sentence may name that holds spaces: workloads' names (`ml/train-0 trainer`),
+    cgroups, processes."""
+    names: list[Optional[str]] = [inc.get("oom_cgroup"), inc.get("group_cgroup")]
+    for p in inc.get("killed") or []:
+        names += [p.get("cgroup"), p.get("comm")]
+    from oomwatch.model import Workload
+
+    try:
+        names.append(Workload(**{"cgroup": "", **inc["workload"]}).display_name())
+    except (TypeError, KeyError):
+        pass
+    return names
+
+
+def _scope_shown(inc: dict) -> str:
+    """The scope as the header shows it: "unknown" where the log does not say which limit was hit (no
+    summary, no cgroup: the sentence says so too), whatever the JSON's default."""
+    victim = inc.get("victim") or {}
+    if inc.get("constraint") in ("memcg", "unknown") and inc.get("oom_cgroup") is None and not victim.get("cgroup"):
+        return "unknown"
+    return inc["scope"]
 
 
 def _size_cell(n: Optional[float]) -> str:

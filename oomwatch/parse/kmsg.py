@@ -141,6 +141,7 @@ class TextLogStats:
     truncated: int = 0  # lines cut at MAX_LINE
     guessed_years: set[int] = field(default_factory=set)  # years guessed for dates printed without one
     notice: Optional[str] = None  # journalctl saying it had nothing ("No journal files were found.")
+    decoded: list[str] = field(default_factory=list)  # what was undone before reading: "gzip", "UTF-16LE", "NUL"
 
     def count(self, fmt: str) -> None:
         self.records += 1
@@ -354,6 +355,172 @@ def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str,
 
 
 
+# --- bytes to lines ----------------------------------------------------------------------------------
+#
+# What a path or a paste can hold besides plain UTF-8 text with `\n`: a compressed log (`journalctl | gzip`,
+# a rotated `kern.log.2.gz`), UTF-16 (PowerShell's `>`, Windows editors), NULs (a log file after a power
+# loss, a tool that ends each line with one), `\r\n` or lone `\r` line ends, and data that is no text at all
+# (a binary named by mistake). `text_lines` undoes the first four and refuses the last.
+
+class NotText(ValueError):
+    """The bytes cannot be a text log; the message says what they look like instead."""
+
+
+_SNIFF = 4096  # bytes looked at to tell compression, encoding and binary data apart
+_CHUNK = 1 << 16  # decompressed at a time: a compressed bomb never holds more than this
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"), (b"BZh", "bzip2"), (b"\x28\xb5\x2f\xfd", "zstd"))
+# Bytes no text log holds: C0 controls but tab, newline, form feed, carriage return, escape (`dmesg --color`)
+# and RS (`journalctl -o json-seq`), and DEL. NULs are removed before this is counted.
+_TEXT_BYTES = bytes(b for b in range(256) if b >= 0x20 and b != 0x7f or b in b"\t\n\x0c\r\x1b\x1e")
+_BINARY_SHARE = 0.01
+_MAGIC = ((b"\x7fELF", "an ELF executable"), (b"%PDF", "a PDF"), (b"PK\x03\x04", "a zip archive"),
+          (b"\x89PNG", "a PNG image"), (b"LPKSHHRH", "a systemd journal file (read it with journalctl --file)"))
+
+
+def _decompressed(chunks: Iterator[bytes], kind: str) -> Iterator[bytes]:
+    """The decompressed stream, `_CHUNK` bytes at a time; concatenated members (`cat a.gz b.gz`) are read
+    one after the other."""
+    import bz2
+    import lzma
+    import zlib
+
+    def fresh():
+        return {"gzip": lambda: zlib.decompressobj(31), "xz": lzma.LZMADecompressor,
+                "bzip2": bz2.BZ2Decompressor}[kind]()
+
+    d = fresh()
+    errors = (zlib.error, lzma.LZMAError, OSError, EOFError)
+    try:
+        for data in chunks:
+            while data:
+                if kind == "gzip":
+                    out = d.decompress(data, _CHUNK)
+                    data = d.unconsumed_tail
+                    yield out
+                    while not data and not d.eof and out:  # output held back by the max_length
+                        out = d.decompress(b"", _CHUNK)
+                        yield out
+                else:
+                    out = d.decompress(data, _CHUNK)
+                    data = b""
+                    yield out
+                    while not d.eof and not d.needs_input:
+                        yield d.decompress(b"", _CHUNK)
+                if d.eof:
+                    data = d.unused_data + data
+                    if not data.strip(b"\x00"):  # padding after the last member (tar, dd)
+                        data = b""
+                    else:
+                        d = fresh()
+    except errors as exc:
+        raise NotText(f"{kind} data that cannot be decompressed ({exc})") from None
+
+
+def _utf16_as_utf8(chunks: Iterator[bytes], encoding: str) -> Iterator[bytes]:
+    import codecs
+
+    decoder = codecs.getincrementaldecoder(encoding)("replace")
+    for data in chunks:
+        yield decoder.decode(data).encode("utf-8", "surrogateescape")
+    yield decoder.decode(b"", final=True).encode("utf-8", "surrogateescape")
+
+
+def _utf16_without_bom(head: bytes) -> Optional[str]:
+    """UTF-16 text of ASCII characters without a byte order mark: every other byte a NUL."""
+    sample = head[:512] if len(head) % 2 == 0 else head[:min(512, len(head) - 1)]
+    if len(sample) < 8:
+        return None
+    if sample[1::2].count(0) == len(sample) // 2 and sample[0::2].count(0) == 0:
+        return "utf-16-le"
+    if sample[0::2].count(0) == len(sample) // 2 and sample[1::2].count(0) == 0:
+        return "utf-16-be"
+    return None
+
+
+def _with_head(chunks: Iterator[bytes], want: int) -> tuple[bytes, Iterator[bytes]]:
+    """The first `want` bytes (fewer at the end of the input), and the whole stream again."""
+    head = b""
+    for data in chunks:
+        head += data
+        if len(head) >= want:
+            break
+    import itertools
+
+    return head, itertools.chain((head,) if head else (), chunks)
+
+
+def text_lines(chunks: Iterable[bytes], stats: TextLogStats) -> Iterator[bytes]:
+    """The lines of a saved log read as byte chunks (a file, a pipe): decompressed (gzip, xz, bzip2), UTF-16
+    turned into UTF-8, NULs removed, `\r\n` and lone `\r` ends read as `\n`, each line at most MAX_LINE bytes
+    (the rest is dropped and counted in `stats.truncated`, never held). Raises NotText for data that is not
+    text (what was undone is in `stats.decoded`)."""
+    head, stream = _with_head(iter(chunks), _SNIFF)
+    for _ in range(2):  # a compressed UTF-16 file is both
+        kind = next((name for magic, name in _COMPRESSED if head.startswith(magic)), None)
+        if kind == "zstd":
+            raise NotText("zstd-compressed data (decompress it first: zstd -dc FILE)")
+        if kind is None:
+            break
+        stats.decoded.append(kind)
+        head, stream = _with_head(_decompressed(stream, kind), _SNIFF)
+    encoding = None
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        encoding = "utf-16"
+    else:
+        encoding = _utf16_without_bom(head)
+    if encoding is not None:
+        stats.decoded.append("UTF-16LE" if encoding == "utf-16-le" or head.startswith(b"\xff\xfe") else "UTF-16BE")
+        head, stream = _with_head(_utf16_as_utf8(stream, encoding), _SNIFF)
+    if head.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte order mark (Windows editors)
+        head, stream = _with_head(stream, _SNIFF)
+        stream = _drop_prefix(stream, 3)
+    sample = head[:_SNIFF].replace(b"\x00", b"")
+    what = next((name for magic, name in _MAGIC if head.startswith(magic)), None)
+    if what is not None or (sample and len(sample.translate(None, _TEXT_BYTES)) > _BINARY_SHARE * len(sample)):
+        raise NotText(f"binary data{f' ({what})' if what else ''}, not text (first bytes: {head[:16]!r})")
+    yield from _split_lines(stream, stats)
+
+
+def _drop_prefix(chunks: Iterator[bytes], n: int) -> Iterator[bytes]:
+    for data in chunks:
+        if n:
+            data, n = data[n:], max(0, n - len(data))
+        if data:
+            yield data
+
+
+def _split_lines(chunks: Iterator[bytes], stats: TextLogStats) -> Iterator[bytes]:
+    partial: list[bytes] = []  # pieces of the current line, at most MAX_LINE bytes in all
+    size = 0
+    cut = nul = False
+    for data in chunks:
+        if b"\x00" in data:
+            data = data.replace(b"\x00", b"")
+            nul = True
+        if b"\r" in data:
+            # A `\r\n` split between two chunks reads as an empty line, which is skipped like any other.
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        pieces = data.split(b"\n")
+        for i, piece in enumerate(pieces):
+            if size + len(piece) > MAX_LINE:
+                piece = piece[:MAX_LINE - size]
+                cut = True
+            if piece:
+                partial.append(piece)
+                size += len(piece)
+            if i < len(pieces) - 1:  # the line ends here
+                if cut:
+                    stats.truncated += 1
+                yield b"".join(partial)
+                partial, size, cut = [], 0, False
+    if partial or cut:
+        if cut:
+            stats.truncated += 1
+        yield b"".join(partial)
+    if nul:
+        stats.decoded.append("NUL")
+
+
 def _bounded_lines(lines: Iterable[bytes], stats: TextLogStats) -> Iterator[bytes]:
     """Lines of at most MAX_LINE bytes; from a file, an over-long line is skipped to its end without being
     held in memory."""
@@ -392,6 +559,8 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
     pending: Optional[bytearray] = None
     prefixed_indent: Optional[int] = None  # indentation of the last line that had a prefix
     for raw_line in _bounded_lines(lines, stats):
+        if b"\x00" in raw_line:  # a NUL ending each line would hide every line's prefix
+            raw_line = raw_line.replace(b"\x00", b"")
         line_bytes = raw_line.rstrip(b"\r\n")
         if pending is not None:
             if _RAW_FIELD.match(line_bytes):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional, Union
 
 from oomwatch.model import KmsgRecord
-from oomwatch.sources.kmsg import KmsgItem, KmsgUnavailable, Lost
+from oomwatch.sources.logitems import KmsgItem, KmsgUnavailable, Lost
 
 SYSLOG_ACTION_READ_ALL = 3
 SYSLOG_ACTION_SIZE_BUFFER = 10

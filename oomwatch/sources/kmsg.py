@@ -14,53 +14,37 @@ from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Optional, Union
 
 from oomwatch.model import KmsgRecord
-from oomwatch.parse.kmsg import GARBLED, LOST_MARKER, KmsgParseError, parse_kmsg_record, parse_text_log
+from oomwatch.parse.kmsg import (
+    GARBLED,
+    LOST_MARKER,
+    KmsgParseError,
+    NotText,
+    TextLogStats,
+    parse_kmsg_record,
+    parse_text_log,
+    text_lines,
+)
 from oomwatch.parse.prefilter import skippable_seq
+from oomwatch.sources.logitems import (  # noqa: F401 (re-exported: the readers' items live there)
+    Garbled,
+    KmsgItem,
+    KmsgUnavailable,
+    Lost,
+    NotAKernelLog,
+    Skipped,
+)
 
 READ_SIZE = 8192  # one read returns one record; the kernel caps a record well below this
 CHASE_RECORDS = 64  # overwritten again within this many records after an EPIPE: jump to the newest
 
 
-@dataclass(frozen=True)
-class Lost:
-    """Records the reader could not get. `count` is None when the size of the gap is unknown."""
-
-    count: Optional[int]
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """`count` records that cannot be part of an OOM report were read and not parsed; `last_seq` is the
-    sequence number of the last (the cursor may move past them)."""
-
-    count: int
-    last_seq: Optional[int]
-
-
-@dataclass(frozen=True)
-class Garbled:
-    """A record that did not parse (counted, never fatal)."""
-
-    raw: bytes
-
-
-KmsgItem = Union[KmsgRecord, Lost, Garbled, Skipped]
-
-
-class KmsgUnavailable(Exception):
-    """The kernel log cannot be read; the message says why and what would fix it."""
-
-
-def is_live_kmsg(path: str) -> bool:
-    try:
-        return stat.S_ISCHR(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
 def explain_open_error(path: str, exc: OSError) -> str:
     if exc.errno == errno.ENOENT:
         return f"{path} does not exist"
+    if exc.errno == errno.EISDIR:
+        return f"{path} is a directory, not a kernel log"
+    if exc.errno == errno.ENXIO:  # open() of a socket
+        return f"{path} is a socket, not a kernel log"
     if exc.errno in (errno.EPERM, errno.EACCES):
         if exc.errno == errno.EPERM:
             return (f"{path}: permission denied (EPERM: in a container, the runtime's device cgroup refuses "
@@ -178,46 +162,145 @@ def wait_readable(fd: int, timeout: Optional[float], wake_fd: Optional[int] = No
     return any(ready == fd for ready, _ in events)
 
 
-def read_saved_log(source: Union[str, BinaryIO], tz=None, stats=None) -> Iterator[KmsgItem]:
-    """A saved raw kmsg dump, `dmesg` or `journalctl -k` text; "-" is standard input. `tz`: the zone of dates
-    printed without one; `stats` (parse.kmsg.TextLogStats): filled with what the reader understood."""
-    if source == "-":
-        stream: BinaryIO = sys.stdin.buffer
-        close = False
-    elif isinstance(source, str):
-        stream = open(source, "rb")
-        close = True
-    else:
-        stream, close = source, False
+# `--kmsg syslog`: read the kernel log through syslog(2) rather than /dev/kmsg.
+SYSLOG_SOURCE = "syslog"
+# What `--kmsg` names (kernel_log_kind).
+LIVE_KMSG, SYSLOG, SAVED = "kmsg", "syslog", "saved"
+# /dev/kmsg is character device 1:11 (drivers/char/mem.c); any other device (/dev/zero, /dev/urandom, a tty)
+# would be read as an endless log.
+KMSG_DEVICE = (1, 11)
+# A FIFO with nothing written to it for this long is refused rather than waited on for ever.
+FIFO_IDLE_TIMEOUT = 10.0
+_READ_CHUNK = 1 << 16
+
+
+def kernel_log_kind(path: str, stat_fn=os.stat) -> str:
+    """What `--kmsg` names, decided here for the agent, `inspect` and the early reader alike: LIVE_KMSG (the
+    kernel's /dev/kmsg device, read live), SYSLOG (syslog(2)), or SAVED (anything else: `-` for standard
+    input, a file, a FIFO; `read_saved_log` refuses what cannot be a log). A missing path under /dev/ is the
+    live log (opening it says why it cannot be read), any other missing path a saved log the user meant."""
+    if path == "-":
+        return SAVED
+    if path == SYSLOG_SOURCE:
+        return SYSLOG
     try:
-        for record in parse_text_log(stream, tz=tz, stats=stats):
+        st = stat_fn(path)
+    except OSError:
+        return LIVE_KMSG if path.startswith("/dev/") else SAVED
+    if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == KMSG_DEVICE:
+        return LIVE_KMSG
+    return SAVED
+
+
+def is_saved_log(path: str) -> bool:
+    """`--kmsg` names a saved log (see kernel_log_kind) rather than the live kernel log."""
+    return kernel_log_kind(path) == SAVED
+
+
+def _what_it_is(mode: int, rdev: int) -> Optional[str]:
+    """Why a file of this type cannot be read as a saved log; None when it can (a file, a FIFO)."""
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    if stat.S_ISSOCK(mode):
+        return "is a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        kind = "character" if stat.S_ISCHR(mode) else "block"
+        return (f"is a {kind} device ({os.major(rdev)}:{os.minor(rdev)}), not a saved log; the only device read "
+                "is the kernel's /dev/kmsg (1:11)")
+    return None
+
+
+def _chunks_of_fd(fd: int, path: str, fifo: bool, idle_timeout: float) -> Iterator[bytes]:
+    while True:
+        if fifo and not wait_readable(fd, idle_timeout):
+            raise KmsgUnavailable(f"{path} is a FIFO and nothing was written to it in {idle_timeout:g} s "
+                                  "(start the writer first, or pipe the log to `--kmsg -`)")
+        try:
+            data = os.read(fd, _READ_CHUNK)
+        except BlockingIOError:
+            continue
+        if not data:
+            return
+        yield data
+
+
+def _chunks_of_stream(stream: BinaryIO) -> Iterator[bytes]:
+    read = getattr(stream, "read1", stream.read)
+    while True:
+        data = read(_READ_CHUNK)
+        if not data:
+            return
+        yield data
+
+
+def saved_log_chunks(source: Union[str, BinaryIO], idle_timeout: float = FIFO_IDLE_TIMEOUT) -> Iterator[bytes]:
+    """The bytes of a saved log: `-` (standard input), a path or an open binary stream. Refuses, with
+    KmsgUnavailable naming what the path is instead, directories, sockets and devices (/dev/zero would never
+    end); a FIFO silent for `idle_timeout` seconds is refused rather than waited on."""
+    if source == "-":
+        yield from _chunks_of_stream(sys.stdin.buffer)
+        return
+    if not isinstance(source, str):
+        yield from _chunks_of_stream(source)
+        return
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the open
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise NotAKernelLog(explain_open_error(source, exc)) from exc
+        raise KmsgUnavailable(explain_open_error(source, exc)) from exc
+    try:
+        st = os.fstat(fd)
+        refused = _what_it_is(st.st_mode, st.st_rdev)
+        if refused is not None:
+            raise NotAKernelLog(f"{source} {refused}")
+        yield from _chunks_of_fd(fd, source, stat.S_ISFIFO(st.st_mode), idle_timeout)
+    except OSError as exc:
+        raise KmsgUnavailable(explain_open_error(source, exc)) from exc
+    finally:
+        os.close(fd)
+
+
+def read_saved_log(source: Union[str, BinaryIO], tz=None, stats=None,
+                   idle_timeout: float = FIFO_IDLE_TIMEOUT) -> Iterator[KmsgItem]:
+    """A saved raw kmsg dump, `dmesg` or `journalctl -k` text (also compressed, UTF-16, with NULs or CRLF:
+    parse.kmsg.text_lines); "-" is standard input. `tz`: the zone of dates printed without one; `stats`
+    (parse.kmsg.TextLogStats): filled with what the reader understood (see `saved_log_verdict` once read).
+    Raises NotAKernelLog for what cannot be a log (binary data, a device, a directory), KmsgUnavailable for
+    what cannot be read."""
+    stats = stats if stats is not None else TextLogStats()
+    try:
+        lines = text_lines(saved_log_chunks(source, idle_timeout), stats)
+        for record in parse_text_log(lines, tz=tz, stats=stats):
             if record.priority == LOST_MARKER:
                 yield Lost(None)
             elif record.priority == GARBLED:
                 yield Garbled(record.text.encode())
             else:
                 yield record
-    finally:
-        if close:
-            stream.close()
+    except NotText as exc:
+        raise NotAKernelLog(f"{_source_name(source)} holds {exc}, not a kernel log") from None
 
 
-# `--kmsg syslog`: read the kernel log through syslog(2) rather than /dev/kmsg.
-SYSLOG_SOURCE = "syslog"
+def _source_name(source: Union[str, BinaryIO]) -> str:
+    if source == "-":
+        return "standard input"
+    return source if isinstance(source, str) else getattr(source, "name", "the input")
 
 
-def is_saved_log(path: str) -> bool:
-    """`--kmsg` names a saved log (a file, or `-` for stdin) rather than the live kernel log."""
-    if path == "-":
-        return True
-    if path == SYSLOG_SOURCE:
-        return False
-    try:
-        return not stat.S_ISCHR(os.stat(path).st_mode)
-    except OSError:
-        # Missing: a device path is the live log (opening it says why it cannot be read), anything else a
-        # saved log the user meant to name.
-        return not path.startswith("/dev/")
+def saved_log_verdict(source: str, stats: TextLogStats) -> Optional[str]:
+    """Once a saved log was read whole: why it holds no kernel log at all (to be reported as an error:
+    nothing was read, journalctl said it found nothing, or not one line is a kernel log line), or None."""
+    name = _source_name(source)
+    if stats.notice is not None and not stats.records:
+        if stats.notice == "No journal files were found.":
+            return (f"{name} holds no kernel log, only journalctl's \"{stats.notice}\" (there is no journal "
+                    "where it looked: on the node itself, or with --directory/--file, or -D /var/log/journal)")
+        return f"{name} holds no kernel log, only journalctl's \"{stats.notice}\" (no entries matched; run it " \
+               "as root, or on the node itself)"
+    if not stats.lines:
+        return f"{name} is empty"
+    return None
 
 
 @dataclass

@@ -25,7 +25,8 @@ import struct
 from collections import deque
 from typing import Iterator, Optional
 
-from oomwatch.sources.kmsg import KmsgItem, KmsgUnavailable, LiveKmsg, Lost, wait_readable
+from oomwatch.sources.kmsg import LiveKmsg, wait_readable
+from oomwatch.sources.logitems import KmsgItem, KmsgUnavailable, Lost
 
 _HEADER = struct.Struct("<I")
 # The reader asks for this nice value where it may (CAP_SYS_NICE: root on a host, the systemd unit): during a
