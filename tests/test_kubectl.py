@@ -1,0 +1,321 @@
+"""`kubectl oomwatch why` against a local fake API server (real lightkube, real sockets, a real kubeconfig
+file): the pod, its node, the agent pod on that node, the agent's /incidents through the pod proxy path. The agent's
+answer is the golden agent output of a real group kill (fixtures/golden/k8s-runc) plus four kills outside
+Kubernetes (fixtures/golden/memcg-scenarios)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from copy import deepcopy
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from oomwatch import kubectl
+from oomwatch.kubectl import AGENT_SELECTOR, Agent, kubeconfig_path, pick_agent, pod_incidents, proxy_path
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "fixtures" / "golden"
+INCIDENTS = (json.loads((GOLDEN / "k8s-runc" / "expected-incidents.json").read_text())
+             + json.loads((GOLDEN / "memcg-scenarios" / "expected-incidents.json").read_text()))
+NODE = "gpu-node-7"
+
+# The pod of the golden kill (ml/train-0, container trainer), as the API server shows it after the kill.
+TRAIN_POD = {
+    "apiVersion": "v1", "kind": "Pod",
+    "metadata": {"name": "train-0", "namespace": "ml", "uid": "0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f"},
+    "spec": {"nodeName": NODE, "containers": [{"name": "trainer", "image": "busybox"}]},
+    "status": {"phase": "Running", "containerStatuses": [{
+        "name": "trainer", "image": "busybox", "imageID": "", "ready": True, "restartCount": 1,
+        "state": {"running": {"startedAt": "2026-11-22T20:40:12Z"}},
+        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": "2026-11-22T20:31:02Z",
+                                     "finishedAt": "2026-11-22T20:40:10Z"}}}]},
+}
+
+
+def agent_pod(name: str, node: str, phase: str = "Running", namespace: str = "oomwatch") -> dict[str, Any]:
+    """An agent pod as the Kustomize base's DaemonSet makes it (its pod template's labels and ports)."""
+    ds = yaml.safe_load((ROOT / "daemonset" / "daemonset.yaml").read_text())
+    template = ds["spec"]["template"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": template["metadata"]["labels"],
+                         "creationTimestamp": "2026-11-22T19:00:00Z"},
+            "spec": {"nodeName": node, "containers": [
+                {"name": c["name"], "image": "registry.example/oomwatch:0.1.0", "ports": c.get("ports", [])}
+                for c in template["spec"]["containers"]]},
+            "status": {"phase": phase}}
+
+
+class FakeApiServer:
+    """GET a pod; list pods by label and field selector (evaluated here, as the API server would); GET
+    /api/v1/namespaces/NS/pods/NAME:PORT/proxy/incidents answered by the named agent's `incidents`."""
+
+    def __init__(self, pods: list[dict[str, Any]], incidents: dict[str, Any]) -> None:
+        self.pods = pods
+        self.incidents = incidents  # agent pod name -> the body of its /incidents (list, or (status, text))
+        self.requests: list[dict[str, Any]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                url = urlsplit(self.path)
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                server.requests.append({"path": unquote(url.path), "query": query,
+                                        "authorization": self.headers.get("Authorization")})
+                parts = unquote(url.path).strip("/").split("/")
+                if parts == ["api", "v1", "pods"] or (len(parts) == 5 and parts[2] == "namespaces"
+                                                      and parts[4] == "pods"):
+                    namespace = parts[3] if len(parts) == 5 else None
+                    self._json(200, {"kind": "PodList", "apiVersion": "v1",
+                                     "metadata": {"resourceVersion": "7"},
+                                     "items": [p for p in server.pods if _selected(p, query)
+                                               and namespace in (None, p["metadata"]["namespace"])]})
+                elif parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 and parts[4] == "pods":
+                    found = [p for p in server.pods if (p["metadata"]["namespace"], p["metadata"]["name"])
+                             == (parts[3], parts[5])]
+                    self._json(200, found[0]) if found else self._status(404, f'pods "{parts[5]}" not found')
+                elif parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == ["pods"] and parts[6:] == [
+                        "proxy", "incidents"]:
+                    self._proxy(parts[3], parts[5])
+                else:
+                    self._status(404, "the server could not find the requested resource")
+
+            def _proxy(self, namespace: str, target: str) -> None:
+                name, _, port = target.rpartition(":")
+                agent = [p for p in server.pods if (p["metadata"]["namespace"], p["metadata"]["name"]) ==
+                         (namespace, name)]
+                if not agent or name not in server.incidents:
+                    self._status(503, f"error trying to reach service: dial tcp 10.0.0.9:{port}: connect: "
+                                      "connection refused")
+                    return
+                answer = server.incidents[name]
+                if isinstance(answer, tuple):
+                    status, text = answer
+                    data = text.encode()
+                    self.send_response(status)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                else:
+                    self._json(200, answer)
+
+            def _status(self, code: int, message: str) -> None:
+                self._json(code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                  "message": message, "reason": "NotFound" if code == 404 else "Forbidden",
+                                  "code": code})
+
+            def _json(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+
+    def __enter__(self) -> "FakeApiServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def kubeconfig(self, path: Path, namespace: Optional[str] = None) -> Path:
+        context: dict[str, Any] = {"cluster": "fake", "user": "dev"}
+        if namespace:
+            context["namespace"] = namespace
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "dev", "user": {"token": "dev-token"}}],
+            "contexts": [{"name": "fake", "context": context}]}))
+        return path
+
+
+def _selected(pod: dict[str, Any], query: dict[str, str]) -> bool:
+    labels = pod["metadata"].get("labels", {})
+    for term in filter(None, query.get("labelSelector", "").split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    for term in filter(None, query.get("fieldSelector", "").split(",")):
+        key, _, value = term.partition("=")
+        assert key == "spec.nodeName", key
+        if pod["spec"].get("nodeName") != value:
+            return False
+    return True
+
+
+def cluster_pods() -> list[dict[str, Any]]:
+    return [TRAIN_POD, agent_pod("oomwatch-x7k2p", NODE), agent_pod("oomwatch-a1b2c", "cpu-node-1")]
+
+
+@pytest.fixture(autouse=True)
+def plain_environment(monkeypatch) -> None:
+    # No proxy may route 127.0.0.1 elsewhere, and the output's width is not the terminal's.
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+
+
+def why(kubeconfig: Path, *args: str):
+    return CliRunner().invoke(kubectl.main, ["why", *args, "--kubeconfig", str(kubeconfig), "--no-color"])
+
+
+def test_why_explains_the_pods_kill_as_inspect_does(tmp_path: Path) -> None:
+    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": INCIDENTS}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == f"Pod ml/train-0 on node {NODE}, agent oomwatch/oomwatch-x7k2p"
+    assert lines[1] == ("  Kubernetes: container trainer last terminated OOMKilled at 2026-11-22 20:40:10Z "
+                        "(exit code 137, restarts 1)")
+    assert lines[3] == "Recent OOM kills (1, newest first)"
+    # The kill itself, line for line as `oomwatch inspect` printed it on the node (the golden report).
+    inspect = (GOLDEN / "k8s-runc" / "expected-inspect.txt").read_text().splitlines()
+    start = inspect.index("  2026-11-22 20:40:09Z  GROUP kill, scope container, 2 killed")
+    assert lines[4:] == inspect[start:]
+
+    pod_get, agents_list, proxy = api.requests
+    assert pod_get["path"] == "/api/v1/namespaces/ml/pods/train-0"
+    assert agents_list["path"] == "/api/v1/pods"
+    assert agents_list["query"]["fieldSelector"] == f"spec.nodeName={NODE}"
+    assert agents_list["query"]["labelSelector"] == AGENT_SELECTOR
+    assert proxy["path"] == "/api/v1/namespaces/oomwatch/pods/oomwatch-x7k2p:9717/proxy/incidents"
+    assert {r["authorization"] for r in api.requests} == {"Bearer dev-token"}
+
+
+def test_json_output_is_the_agents_incidents_for_the_pod(tmp_path: Path) -> None:
+    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": INCIDENTS}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml", "-o", "json")
+        other = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml", "-c", "sidecar", "-o", "json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == INCIDENTS[:1]
+    assert json.loads(other.output) == []
+
+
+def test_namespace_defaults_to_the_contexts(tmp_path: Path) -> None:
+    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": INCIDENTS}) as api:
+        result = why(api.kubeconfig(tmp_path / "config", namespace="ml"), "train-0")
+    assert result.exit_code == 0, result.output
+    assert api.requests[0]["path"] == "/api/v1/namespaces/ml/pods/train-0"
+
+
+def test_a_pod_without_kills_says_how_many_incidents_were_searched(tmp_path: Path) -> None:
+    quiet = deepcopy(TRAIN_POD)
+    quiet["metadata"].update(name="web-1", namespace="shop")
+    quiet["status"]["containerStatuses"][0]["lastState"] = {}
+    with FakeApiServer([*cluster_pods(), quiet], {"oomwatch-x7k2p": INCIDENTS}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "web-1", "-n", "shop")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[1:] == [
+        "", "Recent OOM kills (0)", f"  none of the agent's 5 recent incidents on {NODE} is in this pod"]
+
+
+def test_missing_pod_is_an_error_that_names_it(tmp_path: Path) -> None:
+    with FakeApiServer(cluster_pods(), {}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "train-9", "-n", "ml")
+    assert result.exit_code == 1
+    assert "Error: pod ml/train-9 not found" in result.output
+
+
+def test_no_agent_on_the_node_says_what_to_check(tmp_path: Path) -> None:
+    pods = [TRAIN_POD, agent_pod("oomwatch-a1b2c", "cpu-node-1")]
+    with FakeApiServer(pods, {}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
+    assert result.exit_code == 1
+    assert f"no running oomwatch agent on node {NODE}" in result.output
+    assert "tolerate" in result.output
+
+
+def test_agent_that_does_not_answer_is_reported(tmp_path: Path) -> None:
+    with FakeApiServer(cluster_pods(), {}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
+    assert result.exit_code == 1
+    assert ("GET /api/v1/namespaces/oomwatch/pods/oomwatch-x7k2p:9717/proxy/incidents: 503 error trying to "
+            "reach service") in result.output
+
+
+def test_agent_behind_web_config_auth_is_explained(tmp_path: Path) -> None:
+    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": (401, "Unauthorized\n")}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
+    assert result.exit_code == 1
+    assert "401 Unauthorized" in result.output and "--web-config-file" in result.output
+
+
+def test_agent_namespace_narrows_the_list(tmp_path: Path) -> None:
+    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": INCIDENTS}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml",
+                     "--agent-namespace", "oomwatch")
+    assert result.exit_code == 0, result.output
+    assert api.requests[1]["path"] == "/api/v1/namespaces/oomwatch/pods"
+
+
+def test_unreachable_api_server(tmp_path: Path) -> None:
+    config = tmp_path / "config"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}], "contexts": [{"name": "c", "context": {
+            "cluster": "c", "user": "u"}}]}))
+    result = why(config, "train-0", "-n", "ml")
+    assert result.exit_code == 1 and "API server http://127.0.0.1:9" in result.output
+
+
+# --- the pure parts --------------------------------------------------------------------------
+
+
+def test_pick_agent_prefers_a_running_pod_and_reads_its_port() -> None:
+    pending = agent_pod("oomwatch-new", NODE, phase="Pending")
+    running = agent_pod("oomwatch-old", NODE)
+    running["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": 9443}]
+    assert pick_agent([pending, running], NODE, AGENT_SELECTOR) == Agent("oomwatch", "oomwatch-old", 9443)
+    with pytest.raises(kubectl.PluginError, match="oomwatch/oomwatch-new Pending"):
+        pick_agent([pending], NODE, AGENT_SELECTOR)
+
+
+def test_proxy_path_for_a_tls_agent() -> None:
+    agent = Agent("oomwatch", "oomwatch-x7k2p", 9717)
+    assert proxy_path(agent, "https") == (
+        "/api/v1/namespaces/oomwatch/pods/https:oomwatch-x7k2p:9717/proxy/incidents")
+
+
+def test_pod_incidents_newest_first() -> None:
+    older, newer = deepcopy(INCIDENTS[0]), deepcopy(INCIDENTS[0])
+    older["time"], newer["time"] = "2026-11-22T20:00:00.000000Z", "2026-11-22T21:00:00.000000Z"
+    assert pod_incidents([older, *INCIDENTS[1:], newer], "ml", "train-0") == [newer, older]
+    assert pod_incidents(INCIDENTS, "ml", "train-1") == []
+
+
+def test_kubeconfig_path_follows_kubectl(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".kube").mkdir(parents=True)
+    first, second = tmp_path / "a", tmp_path / "b"
+    second.write_text("")
+    assert kubeconfig_path("/x/flag", str(second), str(home)) == "/x/flag"
+    assert kubeconfig_path(None, f"{first}:{second}", str(home)) == str(second)
+    assert kubeconfig_path(None, None, str(home)) is None  # in-cluster
+    (home / ".kube" / "config").write_text("")
+    assert kubeconfig_path(None, None, str(home)) == str(home / ".kube" / "config")
+
+
+def test_agent_selector_matches_the_kustomize_daemonset() -> None:
+    ds = yaml.safe_load((ROOT / "daemonset" / "daemonset.yaml").read_text())
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert dict(term.split("=") for term in AGENT_SELECTOR.split(",")).items() <= labels.items()
