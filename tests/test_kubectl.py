@@ -1,7 +1,7 @@
 """`kubectl oomwatch why` against a local fake API server (real lightkube, real sockets, a real kubeconfig
-file): the pod, its node, the agent pod on that node, the agent's /incidents through the pod proxy path. The agent's
-answer is the golden agent output of a real group kill (fixtures/golden/k8s-runc) plus four kills outside
-Kubernetes (fixtures/golden/memcg-scenarios)."""
+file): the pod, its node, the agent pod on that node, the agent's /incidents through the pod proxy path. The
+agent's answer is the golden agent output of a real group kill (fixtures/golden/k8s-runc) plus four kills
+outside Kubernetes (fixtures/golden/memcg-scenarios)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,10 @@ TRAIN_POD = {
     "status": {"phase": "Running", "containerStatuses": [{
         "name": "trainer", "image": "busybox", "imageID": "", "ready": True, "restartCount": 1,
         "state": {"running": {"startedAt": "2026-11-22T20:40:12Z"}},
-        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "startedAt": "2026-11-22T20:31:02Z",
-                                     "finishedAt": "2026-11-22T20:40:10Z"}}}]},
+        "lastState": {"terminated": {
+            "exitCode": 137, "reason": "OOMKilled",
+            "startedAt": "2026-11-22T20:31:02Z", "finishedAt": "2026-11-22T20:40:10Z"}},
+    }]},
 }
 
 
