@@ -15,30 +15,43 @@ from typing import Optional, Sequence
 _early = None  # the pump started by start_early_pump(), until the agent takes it
 
 
-def wants_early_start(argv: Sequence[str], environ) -> bool:
-    """`oomwatch agent` reading the default /dev/kmsg (not --help, not another --kmsg)."""
+def early_kmsg_path(argv: Sequence[str], environ) -> Optional[str]:
+    """The kernel log `oomwatch agent` will read live from the /dev/kmsg device, found in argv (click has not
+    parsed it yet) and decided as the agent and inspect decide (sources.kmsg.kernel_log_kind); None for any
+    other command, for --help, and for syslog(2) or a saved log."""
     args = list(argv[1:])
     if not args or args[0] != "agent" or any(a in ("--help", "-h") for a in args):
-        return False
+        return None
+    path = environ.get("OOMWATCH_KMSG", "/dev/kmsg")
     for i, a in enumerate(args):
         if a == "--kmsg":
-            return i + 1 < len(args) and args[i + 1] == "/dev/kmsg"
+            path = args[i + 1] if i + 1 < len(args) else ""
+            break
         if a.startswith("--kmsg="):
-            return a == "--kmsg=/dev/kmsg"
-    return environ.get("OOMWATCH_KMSG", "/dev/kmsg") == "/dev/kmsg"
+            path = a[len("--kmsg="):]
+            break
+    from oomwatch.sources.kmsg import LIVE_KMSG, kernel_log_kind
+
+    return path if path and kernel_log_kind(path) == LIVE_KMSG else None
+
+
+def wants_early_start(argv: Sequence[str], environ) -> bool:
+    """`oomwatch agent` reading the live /dev/kmsg (not --help, not syslog(2), not a saved log)."""
+    return early_kmsg_path(argv, environ) is not None
 
 
 def start_early_pump(argv: Sequence[str], environ=os.environ) -> None:
     """Open /dev/kmsg and start draining it now; on any failure do nothing (the agent opens it later,
     with its fallbacks and error messages)."""
     global _early
-    if _early is not None or not wants_early_start(argv, environ):
+    path = None if _early is not None else early_kmsg_path(argv, environ)
+    if path is None:
         return
     from oomwatch.pump import KernelLogPump
     from oomwatch.sources.kmsg import KmsgUnavailable
     from oomwatch.sources.kmsgproc import KmsgChild
 
-    reader = KmsgChild("/dev/kmsg")  # forked now, while the process is small and has no other thread
+    reader = KmsgChild(path)  # forked now, while the process is small and has no other thread
     try:
         reader.open()
     except KmsgUnavailable:

@@ -24,6 +24,27 @@ def test_only_the_agent_on_dev_kmsg_starts_early() -> None:
     assert not wants_early_start(["oomwatch"], {})
 
 
+def test_the_early_reader_decides_what_kmsg_names_as_the_agent_does(tmp_path: Path) -> None:
+    """It compared the text with "/dev/kmsg": another name of the device (a symlink) did not start early,
+    though the agent reads it live."""
+    import os
+
+    from oomwatch.early import early_kmsg_path
+
+    if os.path.exists("/dev/kmsg"):
+        link = tmp_path / "kmsg-link"
+        link.symlink_to("/dev/kmsg")
+        assert early_kmsg_path(["oomwatch", "agent", "--kmsg", str(link)], {}) == str(link)
+
+    saved = tmp_path / "kmsg"
+    saved.write_text("[ 1.0] x\n")
+    assert early_kmsg_path(["oomwatch", "agent", "--kmsg", str(saved)], {}) is None
+    assert early_kmsg_path(["oomwatch", "agent", "--kmsg", "/dev/zero"], {}) is None
+    assert early_kmsg_path(["oomwatch", "agent", "--kmsg"], {}) is None
+    assert early_kmsg_path(["oomwatch", "agent"], {"OOMWATCH_KMSG": "-"}) is None
+    assert early_kmsg_path(["oomwatch", "agent", "--kmsg=/dev/kmsg"], {}) == "/dev/kmsg"
+
+
 def started_pump(kmsg: SeqpacketKmsg) -> KernelLogPump:
     reader = kmsg.factory("/dev/kmsg")
     reader.open()
