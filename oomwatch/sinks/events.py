@@ -6,17 +6,26 @@ start `catch_up()` writes the incidents the saved state holds and the file lacks
 writes). So a line is never written for an incident the next start will publish again (or count from
 memory.events), and none the state counts is missing. On open, the keys of the incidents in the file's tail are
 read back, and an incident already written is not written again.
+
+The path must name a regular file (or be `-`, stdout): it is opened without following a symlink and without
+blocking (a FIFO with no reader would hang the agent before its port opens), and anything but a regular file
+(FIFO, device, socket, directory) is refused. A torn last line (a crash or a full disk mid-write) gets its newline
+before the next line, so every later line parses. The file never stops the agent: a file that cannot be opened
+or written is said once in the log when it starts failing and once when it works again (`failing` holds why, for
+/healthz), and each incident not written is counted in `errors`.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
 import stat
 import sys
 import threading
-from typing import Any, Optional, TextIO
+from typing import Any, Optional
 
 from oomwatch.model import Incident, incident_key_of_json
 
@@ -24,6 +33,9 @@ log = logging.getLogger(__name__)
 
 # How much of an existing file is read back for keys: far more than one ring buffer's worth of incidents.
 TAIL_BYTES = 8 << 20
+# O_NOFOLLOW: a symlink planted at the path is not followed (ELOOP). O_NONBLOCK: opening a FIFO with no reader
+# fails (ENXIO) instead of waiting for one. O_NOCTTY: a terminal named by mistake does not become ours.
+_OPEN_FLAGS = os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class EventsFile:
@@ -32,17 +44,53 @@ class EventsFile:
         self.hold = hold  # keep lines until flush(): the state that counts them is saved first
         self._held: list[tuple[tuple, dict[str, Any]]] = []
         self._lock = threading.Lock()
-        self._stream: Optional[TextIO] = None
+        self._fd: Optional[int] = None
+        self._opened = False  # open() was called (and close() not yet)
+        self._refused = False  # the path names something that is not a regular file: not opened again
+        self._torn = False  # the file ends in a partial line: a newline goes first
         self._written: set[tuple] = set()
-        self.errors = 0
+        self.errors = 0  # incidents that could not be written
         self.last_error: Optional[str] = None
+        self.failing: Optional[str] = None  # why lines are not being written now; None while they are
 
     def open(self) -> None:
-        if self.path == "-":
-            self._stream = sys.stdout
-            return
-        self._written = written_keys(self.path)
-        self._stream = open(self.path, "a", encoding="utf-8")
+        """Open the file (never raises: a file that cannot be opened is retried at the next line, unless it is
+        not a regular file)."""
+        with self._lock:
+            self._opened = True
+            if self.path != "-":
+                self._open_file()
+
+    def _open_file(self) -> bool:
+        try:
+            try:
+                fd = os.open(self.path, os.O_RDWR | _OPEN_FLAGS, 0o666)
+            except PermissionError:  # writable but not readable: no keys to read back, no tear to see
+                fd = os.open(self.path, os.O_WRONLY | _OPEN_FLAGS, 0o666)
+        except OSError as exc:
+            self._failed(_open_error(self.path, exc))
+            return False
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                self._refused = True
+                self._failed(f"{self.path} is {_kind(info.st_mode)}, not a regular file; nothing is written to it "
+                             "(use a regular file, or - for stdout)")
+                os.close(fd)
+                return False
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+            tail = _read_tail(fd, info.st_size)
+        except OSError as exc:
+            os.close(fd)
+            self._failed(f"{self.path}: {exc.strerror or exc}")
+            return False
+        self._fd = fd
+        if tail is not None:
+            self._written |= keys_of_tail(tail, info.st_size > len(tail))
+            self._torn = bool(tail) and not tail.endswith(b"\n")
+        if self._torn:
+            self._write_line(b"")  # repaired now, while nothing else is being written
+        return True
 
     def publish(self, incident: Incident) -> None:
         key = incident.key
@@ -51,15 +99,14 @@ class EventsFile:
         if self.hold:
             self._held.append((key, incident.to_json()))
             return
-        self.write(incident.to_json())
-        self._written.add(key)
+        if self.write(incident.to_json()):
+            self._written.add(key)
 
     def flush(self) -> None:
         """Write the held lines (their incidents are in the saved state now)."""
         held, self._held = self._held, []
         for key, data in held:
-            if key not in self._written:
-                self.write(data)
+            if key not in self._written and self.write(data):
                 self._written.add(key)
 
     def catch_up(self, published: list[dict[str, Any]]) -> int:
@@ -67,50 +114,106 @@ class EventsFile:
         written = 0
         for data in published:
             key = incident_key_of_json(data)
-            if key is not None and _hashable(key) not in self._written:
-                self.write(data)
+            if key is not None and _hashable(key) not in self._written and self.write(data):
                 self._written.add(_hashable(key))
                 written += 1
         return written
 
-    def write(self, incident_json: dict[str, Any]) -> None:
-        line = json.dumps(incident_json, sort_keys=False, separators=(",", ":"))
+    def write(self, incident_json: dict[str, Any]) -> bool:
+        """One line; False when it could not be written (counted, and said in the log once per failing spell)."""
+        line = json.dumps(incident_json, sort_keys=False, separators=(",", ":")) + "\n"
         with self._lock:
-            assert self._stream is not None
-            try:
-                self._stream.write(line + "\n")
-                self._stream.flush()
-            except OSError as exc:
-                # Disk full or read-only: say which file, count it, keep running (the store still has it).
+            if self.path == "-":
+                try:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
+                except (OSError, ValueError) as exc:  # a closed pipe; ValueError: stdout closed
+                    self._failed(f"stdout: {exc}")
+                    return False
+                self._ok()
+                return True
+            if self._fd is None and not (self._opened and not self._refused and self._open_file()):
                 self.errors += 1
-                self.last_error = f"{self.path}: {exc.strerror or exc}"
-                log.error("cannot write incident to events file %s", self.last_error)
+                return False
+            return self._write_line(line.encode())
+
+    def _write_line(self, line: bytes) -> bool:
+        """Append `line` (after the newline a torn last line needs) in one write: O_APPEND keeps it whole
+        against other writers; a short write (the disk filled up mid-line) leaves a tear for the next line."""
+        assert self._fd is not None
+        prefix = b"\n" if self._torn else b""
+        data = prefix + line
+        done = 0
+        try:
+            while done < len(data):
+                n = os.write(self._fd, data[done:])
+                if n <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                done += n
+        except OSError as exc:
+            if done >= len(prefix):
+                self._torn = done > len(prefix)
+            if line:
+                self.errors += 1
+            self._failed(f"{self.path}: {exc.strerror or exc}")
+            return False
+        self._torn = False
+        if line:
+            self._ok()
+        return True
+
+    def _failed(self, reason: str) -> None:
+        self.last_error = reason
+        if self.failing is None:
+            # Once per spell: a full disk fails every incident, and 20,000 identical lines help no one.
+            log.error("events file: %s; incidents are not written to it until it works again (they stay in "
+                      "/incidents and the state)", reason)
+        self.failing = reason
+
+    def _ok(self) -> None:
+        if self.failing is not None:
+            log.warning("events file %s: writing again (%d incident(s) could not be written so far)", self.path,
+                        self.errors)
+            self.failing = None
 
     def close(self) -> None:
         with self._lock:
-            if self._stream is not None and self._stream is not sys.stdout:
+            self._opened = False
+            if self._fd is not None:
                 try:
-                    self._stream.close()
+                    os.close(self._fd)
                 except OSError as exc:
                     log.error("cannot close events file %s: %s", self.path, exc.strerror or exc)
-            self._stream = None
+            self._fd = None
 
 
-def written_keys(path: str) -> set[tuple]:
-    """Keys of the incidents in the last TAIL_BYTES of an events file (a torn last line is skipped)."""
-    keys: set[tuple] = set()
+def _read_tail(fd: int, size: int) -> Optional[bytes]:
+    """The last TAIL_BYTES of the file; None when it cannot be read (opened write-only)."""
+    if size == 0:
+        return b""
+    start = max(0, size - TAIL_BYTES)
+    chunks = []
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return keys  # a pipe or a device (/dev/stdout, /dev/full) has no past to read back
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - TAIL_BYTES))
-            tail = f.read()
-    except OSError:
-        return keys
+        while start < size:
+            chunk = os.pread(fd, min(1 << 20, size - start), start)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            start += len(chunk)
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            return None
+        raise
+    return b"".join(chunks)
+
+
+def keys_of_tail(tail: bytes, cut: bool) -> set[tuple]:
+    """Keys of the incidents in an events file's tail (`cut`: its first line is partial; a torn last line
+    does not parse and is skipped)."""
+    keys: set[tuple] = set()
     lines = tail.split(b"\n")
-    if size > TAIL_BYTES:
-        lines = lines[1:]  # the first is cut
+    if cut:
+        lines = lines[1:]
     for line in lines:
         try:
             data = json.loads(line)
@@ -121,6 +224,41 @@ def written_keys(path: str) -> set[tuple]:
             if key is not None:
                 keys.add(_hashable(key))
     return keys
+
+
+def written_keys(path: str) -> set[tuple]:
+    """Keys of the incidents in the last TAIL_BYTES of an events file (a torn last line is skipped); nothing
+    for a path that is not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return set()
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return set()
+        tail = _read_tail(fd, info.st_size)
+    except OSError:
+        return set()
+    finally:
+        os.close(fd)
+    return keys_of_tail(tail or b"", info.st_size > TAIL_BYTES)
+
+
+def _open_error(path: str, exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return f"{path} is a symlink; it is not followed and nothing is written (name the file itself)"
+    if exc.errno == errno.ENXIO:
+        return f"{path} is a FIFO with no reader (or a device without one); nothing is written to it"
+    return f"{path}: {exc.strerror or exc}"
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _hashable(key: tuple) -> tuple:
