@@ -1,10 +1,13 @@
-"""The agent's HTTP server against the clients of issue 11: slow headers, huge headers, half-sent requests,
-thousands of idle connections, clients that never read. Small limits keep each test under a few seconds; the
+"""The agent's HTTP server against the clients of issues 11 and 19: slow headers, huge headers, half-sent
+requests, thousands of idle connections, clients that never read, unique Accept headers, pipelined bursts,
+password guessing, slow bcrypt checks, failing scrapes. Small limits keep each test under a few seconds; the
 same attacks against the real agent, with RSS and latency figures, are in benchmarks/http_attacks.py."""
 
 from __future__ import annotations
 
+import base64
 import http.client
+import logging
 import resource
 import socket
 import threading
@@ -15,8 +18,9 @@ from typing import Iterator
 
 import pytest
 
-from oomwatch.sinks.http import HttpSink
-from oomwatch.sinks.httpserver import HeadError, Limits, parse_head
+from oomwatch.sinks.http import HttpSink, registry_scrape_key
+from oomwatch.sinks.httpserver import HeadError, Limits, Throttled, client_key, parse_head
+from oomwatch.sinks.webconfig import WebSettings
 from tests.conftest import wait_for
 
 LIMITS = Limits(max_connections=64, header_timeout=0.5, idle_timeout=0.5, write_timeout=2.0)
@@ -78,8 +82,12 @@ def get(sink: HttpSink, path: str = "/metrics", timeout: float = 5.0) -> tuple[i
         conn.close()
 
 
-def connect(sink: HttpSink) -> socket.socket:
-    return socket.create_connection(sink.address, timeout=5)
+# Another client on the loopback (Linux routes 127.0.0.0/8 there): an attacker other than the test's scraper.
+OTHER_CLIENT = "127.0.0.2"
+
+
+def connect(sink: HttpSink, source: str = "127.0.0.1") -> socket.socket:
+    return socket.create_connection(sink.address, timeout=5, source_address=(source, 0))
 
 
 def closed_by_server(sock: socket.socket, timeout: float = 3.0) -> bytes:
@@ -189,25 +197,42 @@ def test_two_thousand_idle_connections_keep_threads_bounded_and_are_closed_after
             sock.close()
 
 
-def test_excess_connections_are_refused_at_once_when_none_is_idle() -> None:
+def test_at_the_cap_the_client_holding_the_most_connections_gives_one_up() -> None:
+    """Connections busy with a scrape (here: one that blocks) from one client fill the cap; another client is
+    still served, in place of one of the crowding client's connections."""
     metrics = Metrics()
-    metrics.release.clear()  # the scrape blocks: its four clients are busy, not idle
+    metrics.release.clear()  # the scrape blocks: the crowding client's connections are busy, not idle
     with serving(metrics, Limits(max_connections=4, header_timeout=2, write_timeout=5)) as sink:
-        busy = [connect(sink) for _ in range(4)]
+        busy = [connect(sink, OTHER_CLIENT) for _ in range(4)]
         for sock in busy:
             sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         assert wait_for(lambda: metrics.calls == 1)
-        time.sleep(0.1)
-        extra = connect(sink)
-        started = time.monotonic()
-        assert closed_by_server(extra).startswith(b"HTTP/1.1 503 ")
-        assert time.monotonic() - started < 1.0
+        assert wait_for(lambda: sink.server.connections == 4)
+        scraper = connect(sink)
+        scraper.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert scraper.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert closed_by_server(busy[0], timeout=1) == b""  # its oldest connection made room
         metrics.release.set()
-        for sock in busy:
+        for sock in busy[1:]:
             sock.settimeout(5)
             assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+        for sock in busy + [scraper]:
             sock.close()
-        assert metrics.calls == 1  # the four shared one scrape
+        assert metrics.calls == 1  # the three left shared one scrape
+
+
+def test_a_flood_of_idle_connections_from_one_client_leaves_a_scrapers_keep_alive_alone() -> None:
+    with serving(Metrics(), Limits(max_connections=8, header_timeout=5, idle_timeout=30)) as sink:
+        scraper = http.client.HTTPConnection(*sink.address, timeout=5)
+        scraper.request("GET", "/metrics")
+        assert scraper.getresponse().read() == BODY  # now idle, the longest-waiting connection of all
+        flood = [connect(sink, OTHER_CLIENT) for _ in range(40)]
+        assert wait_for(lambda: sink.server.connections == 8)
+        scraper.request("GET", "/metrics")  # on the same connection: it was not the one replaced
+        assert scraper.getresponse().read() == BODY
+        scraper.close()
+        for sock in flood:
+            sock.close()
 
 
 def test_concurrent_scrapes_share_one() -> None:
@@ -414,3 +439,269 @@ def test_a_tls_client_that_never_finishes_its_handshake_is_cut_off() -> None:
         assert closed_by_server(sock) == b""
         assert LIMITS.header_timeout - 0.1 < time.monotonic() - started < 3
         assert wait_for(lambda: sink.server.connections == 0)
+
+
+# --- issue 19, item 8 -------------------------------------------------------------------------------------
+
+
+def test_requests_with_different_accept_headers_share_one_scrape() -> None:
+    """The agent serves one format: 30 clients with 30 different Accept headers were 30 scrapes in a row."""
+    metrics = Metrics()
+    metrics.release.clear()
+    with serving(metrics, Limits(write_timeout=10)) as sink:
+        socks = [connect(sink) for _ in range(30)]
+        for n, sock in enumerate(socks):
+            sock.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: text/plain;q=0.{n}\r\n\r\n".encode())
+        assert wait_for(lambda: metrics.calls == 1)
+        assert wait_for(lambda: sum(c.flight is not None for c in sink.server._conns) == 30)
+        metrics.release.set()
+        for sock in socks:
+            sock.settimeout(5)
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            sock.close()
+        assert metrics.calls == 1
+
+
+def test_a_registry_scrape_is_keyed_by_format_not_by_header() -> None:
+    prometheus = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
+                  "q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
+    assert registry_scrape_key(prometheus) == registry_scrape_key("application/openmetrics-text; version=9")
+    assert registry_scrape_key(prometheus) != ""
+    assert {registry_scrape_key(a) for a in ("", "text/plain", "text/plain;version=0.0.4;q=0.1", "*/*")} == {""}
+
+
+def test_a_pipelined_burst_is_answered_in_a_loop_up_to_the_cap(caplog: pytest.LogCaptureFixture) -> None:
+    """1,000 pipelined requests: a RecursionError after 247 and a 2,271-line traceback per connection before;
+    now the first `max_pipelined` are answered, the connection is closed, and one line is logged."""
+    caplog.set_level(logging.INFO, logger="oomwatch.sinks.httpserver")
+    metrics = Metrics()
+    with serving(metrics) as sink:
+        sock = connect(sink)
+        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        sender = threading.Thread(target=lambda: _send_ignoring_close(sock, request * 1000))  # 34 KB
+        sender.start()
+        data = closed_by_server(sock)
+        sender.join(timeout=5)
+        assert data.count(b"HTTP/1.1 200 OK\r\n") == LIMITS.max_pipelined
+        sock = connect(sink)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 300)
+        assert closed_by_server(sock).count(b"HTTP/1.1 200 OK\r\n") == LIMITS.max_pipelined
+        assert metrics.calls <= LIMITS.max_pipelined
+        assert get(sink, "/healthz")[0] == 200
+    lines = [r for r in caplog.records if r.name == "oomwatch.sinks.httpserver"]
+    assert len(lines) == 1 and "pipelined" not in lines[0].getMessage() or "without reading" in \
+        lines[0].getMessage(), [r.getMessage() for r in lines]
+    assert all(r.exc_info is None for r in lines)
+
+
+def _send_ignoring_close(sock: socket.socket, data: bytes) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass  # the server closed it before taking it all: what we want
+
+
+def test_a_client_that_waits_for_each_answer_is_never_cut_off() -> None:
+    with serving(Metrics()) as sink:
+        conn = http.client.HTTPConnection(*sink.address, timeout=5)
+        for n in range(3 * LIMITS.max_pipelined):
+            conn.request("GET", "/metrics" if n % 2 else "/healthz")
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200 and not response.will_close
+        conn.close()
+
+
+def test_many_connections_each_with_a_pipelined_burst_share_their_scrapes() -> None:
+    metrics = Metrics(seconds=0.05)
+    with serving(metrics) as sink:
+        socks = [connect(sink, OTHER_CLIENT) for _ in range(20)]
+        for sock in socks:
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 100)
+        started = time.monotonic()
+        assert get(sink) == (200, BODY)
+        normal = time.monotonic() - started
+        answers = [closed_by_server(sock, timeout=10).count(b"HTTP/1.1 200 OK\r\n") for sock in socks]
+        assert answers == [LIMITS.max_pipelined] * 20
+        # 20 x 16 answers from far fewer scrapes: each ran once for every connection waiting for it.
+        assert metrics.calls <= LIMITS.max_pipelined + 2, metrics.calls
+        assert normal < 2.0
+
+
+def basic_auth_sink(metrics: Metrics, **limits) -> tuple[HttpSink, threading.Event, list[str]]:
+    """A sink with basic auth whose bcrypt check blocks until the returned event is set."""
+    bcrypt = pytest.importorskip("bcrypt", reason="basic_auth_users needs bcrypt (pyproject dependency)")
+    web = WebSettings(basic_auth_users={"prometheus": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4))})
+    sink = HttpSink("127.0.0.1:0", metrics, Store(), lambda: (True, {"kmsg": "ok"}), web=web,
+                    limits=Limits(**limits) if limits else LIMITS)
+    checked = threading.Event()
+    checked.set()
+    calls: list[str] = []
+    real = sink._basic._bcrypt
+
+    def slow_bcrypt(encoded: str) -> bool:
+        calls.append(encoded)
+        checked.wait()
+        return real(encoded)
+
+    sink._basic._bcrypt = slow_bcrypt
+    sink._basic._share = 1.0  # no pacing: a check held here would count as CPU spent
+    return sink, checked, calls
+
+
+def authorization(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def get_as(sink: HttpSink, header: str, path: str = "/metrics", source: str = "127.0.0.1") -> int:
+    conn = http.client.HTTPConnection(*sink.address, timeout=5, source_address=(source, 0))
+    try:
+        conn.request("GET", path, headers={"Authorization": header})
+        response = conn.getresponse()
+        response.read()
+        return response.status
+    finally:
+        conn.close()
+
+
+def test_a_password_guesser_does_not_lock_the_scraper_out() -> None:
+    """Before: 4 checks a second for everyone and failures cached, so a guesser made the scraper's first
+    request 429 (59 of 59 in 30 s)."""
+    sink, _, calls = basic_auth_sink(Metrics())
+    sink.start()
+    try:
+        guesses = [get_as(sink, authorization("prometheus", f"guess{n}"), source=OTHER_CLIENT) for n in range(12)]
+        assert set(guesses) == {401, 429} and guesses.count(401) <= 5  # its burst, then paced
+        assert get_as(sink, authorization("prometheus", "s3cret")) == 200  # another client: checked at once
+        checks = len(calls)
+        assert get_as(sink, authorization("prometheus", "s3cret")) == 200
+        assert len(calls) == checks  # remembered
+        wrong = authorization("prometheus", "wrong")
+        assert get_as(sink, wrong) == 401
+        assert get_as(sink, wrong) == 401
+        assert len(calls) == checks + 2  # a failure is checked each time, not remembered
+    finally:
+        sink.stop()
+
+
+def test_healthz_is_answered_while_a_password_check_runs() -> None:
+    """Before: the bcrypt check ran on the server's thread (cost 12-14: /healthz took 1.7 s)."""
+    metrics = Metrics()
+    sink, checked, calls = basic_auth_sink(metrics)
+    checked.clear()
+    sink.start()
+    try:
+        results: list[int] = []
+        waiting = threading.Thread(target=lambda: results.append(get_as(sink, authorization("prometheus", "s3cret"))))
+        waiting.start()
+        assert wait_for(lambda: len(calls) == 1)  # the check is running, and blocked
+        started = time.monotonic()
+        assert get(sink, "/healthz", timeout=2) == (200, b'{"kmsg": "ok"}\n')
+        assert time.monotonic() - started < 1.0
+        checked.set()
+        waiting.join(timeout=5)
+        assert results == [200]
+    finally:
+        checked.set()
+        sink.stop()
+
+
+def test_one_check_waits_per_client_and_clients_are_checked_in_turn() -> None:
+    metrics = Metrics()
+    sink, checked, calls = basic_auth_sink(metrics, max_checks_waiting=2)
+    checked.clear()
+    sink.start()
+    try:
+        statuses: dict[str, list[int]] = {}
+
+        def ask(source: str, password: str) -> None:
+            statuses.setdefault(source, []).append(get_as(sink, authorization("prometheus", password), source=source))
+
+        threads = []
+        for source, password, checks_waiting in (("127.0.0.2", "a", 0), ("127.0.0.2", "b", 1),
+                                                 ("127.0.0.2", "c", 1), ("127.0.0.3", "d", 2)):
+            threads.append(threading.Thread(target=ask, args=(source, password)))
+            threads[-1].start()
+            assert wait_for(lambda: len(calls) == 1 and  # noqa: B023 (127.0.0.2's first check runs)
+                            len(sink.server._checks_waiting) == checks_waiting or statuses.get(source))  # noqa: B023
+        # 127.0.0.2 has a check running and one waiting: its third is answered at once; so is a new
+        # client beyond max_checks_waiting.
+        assert statuses["127.0.0.2"] == [429]
+        assert get_as(sink, authorization("prometheus", "s3cret")) == 429
+        checked.set()
+        for t in threads:
+            t.join(timeout=5)
+        assert statuses["127.0.0.2"] == [429, 401, 401] and statuses["127.0.0.3"] == [401]
+        assert [base64.b64decode(c).decode()[-1] for c in calls] == ["a", "b", "d"]
+        assert get_as(sink, authorization("prometheus", "s3cret")) == 200
+    finally:
+        checked.set()
+        sink.stop()
+
+
+def test_a_failed_scrape_is_counted_with_its_error() -> None:
+    metrics = Metrics()
+    metrics.fail = True
+    with serving(metrics) as sink:
+        assert (sink.failed_scrapes, sink.last_scrape_error, sink.last_scrape_failed) == (0, None, False)
+        assert get(sink)[0] == 500
+        assert wait_for(lambda: sink.failed_scrapes == 1)
+        assert sink.last_scrape_error == "RuntimeError: scrape broke" and sink.last_scrape_failed
+        metrics.fail = False
+        assert get(sink) == (200, BODY)
+        assert wait_for(lambda: not sink.last_scrape_failed)
+        assert sink.failed_scrapes == 1 and sink.last_scrape_error == "RuntimeError: scrape broke"
+
+
+def test_a_scrape_still_running_after_the_write_timeout_is_a_failed_one() -> None:
+    metrics = Metrics()
+    metrics.release.clear()
+    with serving(metrics, Limits(write_timeout=0.3)) as sink:
+        sock = connect(sink)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert closed_by_server(sock) == b""  # its client was cut off at the write timeout
+        assert wait_for(lambda: sink.failed_scrapes == 1, timeout=3)
+        assert "write_timeout" in sink.last_scrape_error and sink.last_scrape_failed
+        metrics.release.set()
+        assert get(sink) == (200, BODY)
+        assert sink.failed_scrapes == 1  # the overdue one is not counted twice when it ends
+
+
+def test_failing_requests_log_one_line_not_one_traceback_each(caplog: pytest.LogCaptureFixture) -> None:
+    def broken_health():
+        raise RuntimeError("health broke")
+
+    caplog.set_level(logging.INFO, logger="oomwatch.sinks.httpserver")
+    sink = HttpSink("127.0.0.1:0", Metrics(), Store(), broken_health, limits=LIMITS)
+    sink.start()
+    try:
+        assert [get(sink, "/healthz")[0] for _ in range(20)] == [500] * 20
+    finally:
+        sink.stop()
+    lines = [r for r in caplog.records if r.name == "oomwatch.sinks.httpserver"]
+    assert len(lines) == 1 and "health broke" in lines[0].getMessage()
+
+
+def test_throttled_says_how_many_it_left_out(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    throttled = Throttled(every=10, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="oomwatch.sinks.httpserver")
+    assert throttled.log("x", logging.WARNING, "bad client %s", "a")
+    assert not throttled.log("x", logging.WARNING, "bad client %s", "b")
+    assert throttled.log("y", logging.WARNING, "other kind")
+    now[0] = 10.0
+    assert throttled.log("x", logging.WARNING, "bad client %s", "c")
+    assert [r.getMessage() for r in caplog.records] == [
+        "bad client a", "other kind", "bad client c (1 more like it since the last one logged)"]
+
+
+@pytest.mark.parametrize("address, key", [
+    (("10.1.2.3", 5555), "10.1.2.3"),
+    (("2001:db8:1:2:aaaa::1", 5555, 0, 0), "2001:db8:1:2::/64"),
+    (("2001:db8:1:2:bbbb::7", 1, 0, 0), "2001:db8:1:2::/64"),  # one host's /64: one client
+    (("2001:db8:1:3::1", 1, 0, 0), "2001:db8:1:3::/64"),
+    (("::ffff:10.1.2.3", 5555, 0, 0), "10.1.2.3"),  # through a dual-stack listener
+    (("fe80::1%eth0", 1, 0, 2), "fe80::/64"),
+])
+def test_client_key(address: tuple, key: str) -> None:
+    assert client_key(address) == key

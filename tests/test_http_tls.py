@@ -166,22 +166,69 @@ def test_basic_auth_with_bcrypt_hashes_and_response_headers(pki: Path) -> None:
         assert https_get(sink, "/healthz", context)[0] == 200
 
 
-def test_new_credentials_are_rate_limited_and_known_ones_are_not() -> None:
+def test_new_credentials_are_paced_per_client_and_only_successes_are_remembered() -> None:
     bcrypt = pytest.importorskip("bcrypt", reason="basic_auth_users needs bcrypt (pyproject dependency)")
     now = [0.0]
-    checker = BasicAuth({"p": bcrypt.hashpw(b"pw", bcrypt.gensalt(4))}, checks_per_second=2, clock=lambda: now[0])
+    slept: list[float] = []
+    checker = BasicAuth({"p": bcrypt.hashpw(b"pw", bcrypt.gensalt(4))}, per_client_per_second=1, burst=2,
+                        cpu_share=1.0, clock=lambda: now[0], sleep=slept.append)
 
     def header(password: str) -> str:
         return "Basic " + base64.b64encode(f"p:{password}".encode()).decode()
 
-    assert checker.check(header("pw")) == "ok"
-    assert checker.check(header("bad1")) == "denied"
-    assert checker.check(header("bad2")) == "busy"  # two checks spent this second
-    assert checker.check(header("pw")) == "ok"  # remembered: costs no check
-    assert checker.check(header("bad1")) == "denied"  # remembered too
+    assert checker.known(None) == "denied" and checker.known("Bearer x") == "denied"
+    assert checker.known(header("pw")) is None  # never checked: needs a check
+    assert checker.admit("10.0.0.1") and checker.verify(header("pw"))
+    assert checker.known(header("pw")) == "ok"  # remembered: costs no check
+    assert checker.admit("10.0.0.1") and not checker.verify(header("bad"))
+    assert checker.known(header("bad")) is None  # a failure is not remembered: it costs a check every time
+    assert not checker.admit("10.0.0.1")  # its two checks spent this second
+    assert checker.admit("10.0.0.2")  # another client is not slowed by it
     now[0] = 1.0
-    assert checker.check(header("bad2")) == "denied"
-    assert checker.check(None) == "denied" and checker.check("Bearer x") == "denied"
+    assert checker.admit("10.0.0.1")  # one more a second
+    assert not checker.admit("10.0.0.1")
+    assert slept == []  # cpu_share 1: never waits
+
+
+def test_checks_take_at_most_their_share_of_a_core() -> None:
+    bcrypt = pytest.importorskip("bcrypt", reason="basic_auth_users needs bcrypt (pyproject dependency)")
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    checker = BasicAuth({"p": bcrypt.hashpw(b"pw", bcrypt.gensalt(4))}, cpu_share=0.25, clock=lambda: now[0],
+                        sleep=sleep)
+    checker._bcrypt = lambda encoded: now.__setitem__(0, now[0] + 0.5) or False  # a check of 0.5 s
+    header = "Basic " + base64.b64encode(b"p:bad").decode()
+    assert not checker.verify(header)
+    assert slept == []  # the first one at once
+    now[0] += 0.5  # then 0.5 s pass
+    assert not checker.verify(header)
+    assert slept == [pytest.approx(1.0)]  # 0.5 s of bcrypt is followed by 1.5 s without: 0.5 s were left
+
+
+def test_the_dummy_hash_for_unknown_users_has_the_users_cost() -> None:
+    checker = BasicAuth({"p": b"$2y$12$" + b"a" * 53, "q": b"$2b$05$" + b"b" * 53})
+    assert checker._dummy_cost == 12
+
+
+def test_pipelined_requests_over_tls_are_capped_too(pki: Path) -> None:
+    with serving(TLS, pki) as sink:
+        raw = socket.create_connection(sink.address, timeout=5)
+        tls = client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1")
+        tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 100)
+        data = b""
+        try:
+            while chunk := tls.recv(65536):
+                data += chunk
+        except (ConnectionResetError, ssl.SSLError):
+            pass
+        tls.close()
+        assert data.count(b"HTTP/1.1 200 OK\r\n") == sink.server.limits.max_pipelined
+        assert https_get(sink, "/healthz", client_context(pki))[0] == 200
 
 
 @pytest.mark.parametrize("doc, message", [

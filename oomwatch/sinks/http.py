@@ -8,8 +8,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
-from oomwatch.sinks.httpserver import DEFAULT_LIMITS, HttpServer, Limits, Request, Response, Scrape
-from oomwatch.store import Store
+from oomwatch.sinks.httpserver import DEFAULT_LIMITS, Answer, Check, HttpServer, Limits, Request, Response, Scrape
 
 if TYPE_CHECKING:
     import ssl  # only with TLS (5 MiB of RSS): the web config brings it
@@ -22,7 +21,12 @@ log = logging.getLogger(__name__)
 
 Health = Callable[[], tuple[bool, dict[str, Any]]]
 # The Accept header → (content type, body chunks). Called, and its chunks iterated, on the scrape thread.
+# HttpSink calls it with "" (one format for every client, so every client shares the running scrape).
 MetricsBody = Callable[[str], tuple[str, Iterable[bytes]]]
+
+# What a CollectorRegistry's scrape is keyed by: one of two formats, never the raw header (100 clients with
+# 100 different Accept headers were 100 scrapes in a row, and a normal one waited behind them all).
+_OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0"
 
 _TEXT = "text/plain; charset=utf-8"
 _JSON = "application/json"
@@ -49,6 +53,15 @@ def metrics_from_registry(registry: CollectorRegistry) -> MetricsBody:
     return body
 
 
+def registry_scrape_key(accept: str) -> str:
+    """The format a CollectorRegistry's scrape is served in for this Accept header, as an Accept header
+    choose_encoder reads: OpenMetrics 1.0.0 when offered, else the text format ("")."""
+    for offer in accept.split(","):
+        if offer.split(";")[0].strip().lower() == "application/openmetrics-text":
+            return _OPENMETRICS_ACCEPT
+    return ""
+
+
 def client_cert_allowed(peer_cert: Optional[dict], allowed_sans: frozenset[str]) -> bool:
     """A client certificate the handshake verified, carrying one of the allowed subject alternative names
     (any, when none are listed). Names as Python's ssl gives them: ("DNS", …), ("IP Address", …), …"""
@@ -65,23 +78,29 @@ class HttpSink:
 
     HttpSink(listen, metrics, store, health, *, web=None, tls=None, limits=Limits())
       listen   "HOST:PORT" (parse_listen); bound here, so a taken port fails construction with OSError
-      metrics  a MetricsBody, or a CollectorRegistry (wrapped by metrics_from_registry)
-      store    Store: /incidents serves store.snapshot().incidents
+      metrics  a MetricsBody (one format, whatever the scraper's Accept: called with ""), or a
+               CollectorRegistry (OpenMetrics when the scraper offers it, else the text format)
+      store    anything with .snapshot(): /incidents serves its .incidents
       health   () → (ok, detail): /healthz answers 200 or 503 with the detail as JSON
       web      WebSettings from webconfig.load_web_config: basic auth users, client-certificate rule, headers
       tls      what load_web_config returned with it: an SSLContext, or a callable giving the one to use for
                each new connection (RotatingTls: certificates rotated in place); None: plain HTTP
       limits   timeouts and caps (httpserver.Limits)
+
+    Scrapes that failed (the body raised, or ran past the write timeout) are counted, for the agent's health:
+    `failed_scrapes`, `last_scrape_error` (text, kept) and `last_scrape_failed` (the latest scrape failed).
     """
 
     metrics_from_registry = staticmethod(metrics_from_registry)
 
-    def __init__(self, listen: str, metrics: Union[MetricsBody, CollectorRegistry], store: Store, health: Health,
+    def __init__(self, listen: str, metrics: Union[MetricsBody, CollectorRegistry], store: Any, health: Health,
                  *, web: Optional[WebSettings] = None,
                  tls: Union[ssl.SSLContext, Callable[[], ssl.SSLContext], None] = None,
                  limits: Limits = DEFAULT_LIMITS) -> None:
+        self._scrape_key: Callable[[str], str] = lambda accept: ""
         if not callable(metrics):  # a CollectorRegistry
             metrics = metrics_from_registry(metrics)
+            self._scrape_key = registry_scrape_key
         self._store, self._health = store, health
         self._headers: tuple[tuple[str, str], ...] = web.headers if web else ()
         self._client_sans = None  # with RequireAndVerifyClientCert: the allowed SANs (empty: any)
@@ -107,32 +126,50 @@ class HttpSink:
     def stop(self) -> None:
         self.server.stop()
 
-    def _route(self, request: Request) -> Union[Response, Scrape]:
-        extra = self._headers
+    @property
+    def failed_scrapes(self) -> int:
+        return self.server.failed_scrapes
+
+    @property
+    def last_scrape_error(self) -> Optional[str]:
+        return self.server.last_scrape_error
+
+    @property
+    def last_scrape_failed(self) -> bool:
+        return self.server.last_scrape_failed
+
+    def _route(self, request: Request) -> Answer:
         if request.path == "/healthz":
             ok, detail = self._health()
-            return Response(200 if ok else 503, _JSON, json.dumps(detail).encode() + b"\n", extra)
-        denied = self._authorize(request)
-        if denied is not None:
-            return denied
+            return Response(200 if ok else 503, _JSON, json.dumps(detail).encode() + b"\n", self._headers)
+        if self._client_sans is not None and not client_cert_allowed(request.peer_cert, self._client_sans):
+            return Response(403, _TEXT, b"a client certificate signed by client_ca_file is required\n",
+                            self._headers)
+        if self._basic is not None:
+            header = request.headers.get("authorization")
+            known = self._basic.known(header)
+            if known == "denied":
+                return self._unauthorized()
+            if known is None:  # new credentials: a bcrypt check, off the loop, paced per client
+                busy = Response(429, _TEXT, b"too many new credentials; retry\n",
+                                (("Retry-After", "1"),) + self._headers)
+                if not self._basic.admit(request.client):
+                    return busy
+                basic = self._basic
+                return Check(request.client, lambda: basic.verify(header or ""),
+                             lambda ok: self._authorized(request) if ok else self._unauthorized(), busy)
+        return self._authorized(request)
+
+    def _unauthorized(self) -> Response:
+        return Response(401, _TEXT, b"unauthorized\n",
+                        (("WWW-Authenticate", 'Basic realm="oomwatch"'),) + self._headers)
+
+    def _authorized(self, request: Request) -> Union[Response, Scrape]:
+        extra = self._headers
         if request.path == "/metrics":
-            return Scrape(request.headers.get("accept", ""), extra)
+            return Scrape(self._scrape_key(request.headers.get("accept", "")), extra)
         if request.path == "/incidents":
             return Response(200, _JSON, json.dumps(list(self._store.snapshot().incidents)).encode() + b"\n", extra)
         if request.path == "/":
             return Response(200, _TEXT, b"oomwatch: /metrics /healthz /incidents\n", extra)
         return Response(404, _TEXT, b"not found\n", extra)
-
-    def _authorize(self, request: Request) -> Optional[Response]:
-        if self._client_sans is not None and not client_cert_allowed(request.peer_cert, self._client_sans):
-            return Response(403, _TEXT, b"a client certificate signed by client_ca_file is required\n",
-                            self._headers)
-        if self._basic is not None:
-            outcome = self._basic.check(request.headers.get("authorization"))
-            if outcome == "busy":
-                return Response(429, _TEXT, b"too many new credentials; retry\n",
-                                (("Retry-After", "1"),) + self._headers)
-            if outcome != "ok":
-                return Response(401, _TEXT, b"unauthorized\n",
-                                (("WWW-Authenticate", 'Basic realm="oomwatch"'),) + self._headers)
-        return None

@@ -1,5 +1,5 @@
-"""A small HTTP/1.1 server for a node agent: one thread on one selector, one worker thread for scrapes, and a
-bound on everything a client controls.
+"""A small HTTP/1.1 server for a node agent: one thread on one selector, one worker thread for scrapes (and,
+with basic auth, one for password checks), and a bound on everything a client controls.
 
 Why not `http.server`: its ThreadingHTTPServer runs a thread per connection with no timeouts and no cap (2,000
 idle connections were 2,003 threads), and `serve_forever` wakes every 0.5 s to poll for shutdown. Why not a
@@ -10,14 +10,29 @@ woken while idle.
 
 What a client can make this server do, at most:
 - hold `max_connections` sockets, each with at most `max_header_bytes` of unparsed request. At the cap a new
-  connection replaces the one that has waited longest without a complete request (a flood of idle or slow
-  clients cannot lock a scraper out); when every connection is busy with a response, it is refused at once.
-- take `header_timeout` seconds to send a request head (from accept, or from the first byte of a keep-alive
-  request), `idle_timeout` between keep-alive requests and `write_timeout` to receive a response.
-- start at most one scrape at a time. Requests that want the same scrape (same key) while it runs share it
-  (single flight); a request whose client has gone before its scrape starts costs nothing. At most
-  `max_bodies` finished scrape bodies stay in memory for slow readers; the slowest are dropped beyond.
+  connection replaces one of the client that holds the most connections (a client is an IPv4 address or an
+  IPv6 /64): the one of them that has waited longest without a complete request, else its oldest. A flood
+  of idle, slow or never-reading connections from one client replaces its own, not a scraper's.
+- take `header_timeout` seconds to send a request head or finish a TLS handshake (from accept, or from the
+  first byte of a keep-alive request), `idle_timeout` between keep-alive requests and `write_timeout` to
+  receive a response.
+- have at most `max_pipelined` requests answered from what it sent before reading an answer (pipelining):
+  beyond, the connection is closed. Buffered requests are answered from the loop, one per connection per turn,
+  never by recursion.
+- start at most one scrape at a time. Requests that want the same scrape (same key: the route makes keys from
+  a small set, never from a raw header) while it runs share it (single flight); a request whose client has
+  gone before its scrape starts costs nothing. At most `max_bodies` finished scrape bodies stay in memory for
+  slow readers; the slowest are dropped beyond.
+- wait for a slow check the route asks for (`Check`: a bcrypt password check) on the check thread, one check
+  at a time, clients served in turn, at most one waiting per client and `max_checks_waiting` in all (beyond,
+  the route's `busy` answer): the loop keeps answering meanwhile.
 - no request bodies: a request with one is answered 400 and the connection closed.
+- log: at most one line per kind of misbehaviour every 10 s (with how many were left out), never a traceback
+  per connection.
+
+A scrape that fails (the producer raises, or it is still running after `write_timeout`) is counted in
+`failed_scrapes`, with `last_scrape_error` and `last_scrape_failed` (until the next scrape succeeds), so the
+agent's health can include it.
 
 When nothing happens the loop blocks in the selector with no timeout (no connection holds a deadline): an
 idle agent is not woken by this server.
@@ -25,6 +40,7 @@ idle agent is not woken by this server.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import queue
@@ -34,7 +50,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
 if TYPE_CHECKING:
     import ssl  # imported when TLS is configured: it costs 5 MiB of RSS
@@ -51,6 +67,8 @@ class Limits:
     max_header_bytes: int = 16 * 1024  # request line + headers; Prometheus sends under 1 KiB
     max_header_lines: int = 64
     max_bodies: int = 3  # finished scrape bodies kept for clients still reading them
+    max_pipelined: int = 16  # requests answered from one burst before the client reads (Prometheus sends 1)
+    max_checks_waiting: int = 64  # clients waiting for a password check
 
 
 DEFAULT_LIMITS = Limits()
@@ -63,6 +81,7 @@ class Request:
     version: str  # "HTTP/1.0" or "HTTP/1.1"
     headers: dict[str, str]  # lower-case names; repeated headers joined with ", "
     peer_cert: Optional[dict]  # the client certificate the TLS handshake verified, else None
+    client: str = ""  # client_key() of the peer: what per-client limits count by
 
 
 @dataclass(frozen=True)
@@ -75,20 +94,34 @@ class Response:
 
 @dataclass(frozen=True)
 class Scrape:
-    """A route's answer whose body the scrape worker computes: requests with the same key share one run."""
+    """A route's answer whose body the scrape worker computes: requests with the same key share one run.
+    Keys must come from a small set (a format name), never from a raw header: each distinct key waiting is a
+    scrape run after the other."""
 
     key: str
     headers: tuple[tuple[str, str], ...] = ()
 
 
-Handler = Callable[[Request], Union[Response, Scrape]]
-# Scrape key (the Accept header) → (content type, body chunks); called and iterated on the worker thread.
+@dataclass(frozen=True)
+class Check:
+    """A route's answer that needs slow work first (a bcrypt check): `work` runs on the check thread, then
+    `then(result)` on the loop gives the answer. `busy` is answered instead when this client already has a
+    check waiting or `max_checks_waiting` clients do."""
+
+    client: str
+    work: Callable[[], Any]
+    then: Callable[[Any], Union[Response, Scrape]]
+    busy: Response
+
+
+Answer = Union[Response, Scrape, Check]
+Handler = Callable[[Request], Answer]
+# Scrape key → (content type, body chunks); called and iterated on the worker thread.
 Producer = Callable[[str], tuple[str, Iterable[bytes]]]
 
 REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
            500: "Internal Server Error", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
-_REFUSED = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
 
@@ -100,6 +133,45 @@ def name_os_thread(name: str) -> None:
             comm.write(name[:15])
     except OSError:
         pass  # no /proc: a nicety, not a need
+
+
+def client_key(address: Any) -> str:
+    """What per-client limits count by, from a peer address as accept() gives it: the IPv4 address, or the
+    IPv6 /64 (one host is routinely given a whole /64, so its addresses are one client); an IPv4-mapped IPv6
+    address (a dual-stack listener) is its IPv4 address."""
+    host = address[0] if isinstance(address, tuple) and address else str(address)
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
+class Throttled:
+    """Logs one kind of message at most once per `every` seconds, saying how many were left out in between:
+    a client can make the server misbehave once per connection, and must not fill the log doing it."""
+
+    def __init__(self, every: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self._clock = every, clock
+        self._last: dict[str, float] = {}
+        self._left_out: dict[str, int] = {}
+
+    def log(self, kind: str, level: int, message: str, *args: Any, exc_info: Any = None) -> bool:
+        now = self._clock()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.every:
+            self._left_out[kind] = self._left_out.get(kind, 0) + 1
+            return False
+        self._last[kind] = now
+        left_out = self._left_out.pop(kind, 0)
+        if left_out:
+            message += f" ({left_out} more like it since the last one logged)"
+        log.log(level, message, *args, exc_info=exc_info)
+        return True
 
 
 class HeadError(Exception):
@@ -148,10 +220,13 @@ class _Flight:
     """One scrape: the worker appends chunks, the loop sends them to every connection that joined and drops
     each chunk once all of them have it, so a streamed body does not pile up in memory."""
 
-    __slots__ = ("key", "content_type", "chunks", "base", "done", "error", "conns", "abandoned")
+    __slots__ = ("key", "content_type", "chunks", "base", "done", "error", "conns", "abandoned", "started",
+                 "overdue")
 
     def __init__(self, key: str) -> None:
         self.key = key
+        self.started = 0.0  # when the worker was given it (monotonic)
+        self.overdue = False  # still running after write_timeout: counted as failed once
         self.content_type: Optional[str] = None
         self.chunks: list[bytes] = []  # the worker appends; the loop deletes from the front
         self.base = 0  # how many chunks were dropped from the front (a connection's chunk index is absolute)
@@ -164,12 +239,13 @@ class _Flight:
 class _Conn:
     __slots__ = ("sock", "tls", "state", "inbuf", "out", "deadline", "since", "events", "keep_alive",
                  "flight", "extra_headers", "chunk", "chunked", "headers_sent", "terminated", "peer_cert",
-                 "closed")
+                 "closed", "client", "burst", "check")
 
-    def __init__(self, sock: socket.socket, tls: bool, now: float, header_timeout: float) -> None:
+    def __init__(self, sock: socket.socket, tls: bool, now: float, header_timeout: float, client: str) -> None:
         self.sock = sock
         self.tls = tls
-        self.state = "handshake" if tls else "head"  # handshake | idle | head | waiting | writing
+        self.client = client
+        self.state = "handshake" if tls else "head"  # handshake | idle | head | checking | waiting | writing
         self.inbuf = bytearray()
         self.out: deque[memoryview] = deque()
         self.deadline: Optional[float] = now + header_timeout
@@ -184,6 +260,8 @@ class _Conn:
         self.terminated = False
         self.peer_cert: Optional[dict] = None
         self.closed = False
+        self.burst = 0  # requests parsed since the client's input was last found empty (pipelining)
+        self.check: Optional[Check] = None  # the password check it waits for
 
     @property
     def evictable(self) -> bool:
@@ -191,7 +269,11 @@ class _Conn:
 
 
 class HttpServer:
-    """Serves `handler` on `address` from one thread; `producer` runs scrapes on a second one."""
+    """Serves `handler` on `address` from one thread; `producer` runs scrapes on a second one, and the
+    handler's `Check`s run on a third, started at the first.
+
+    Read from other threads (the agent's health): `scrapes` started, `failed_scrapes`, `last_scrape_error`
+    (text of the latest failure, kept), `last_scrape_failed` (the latest scrape that ended failed)."""
 
     def __init__(self, address: tuple[str, int], handler: Handler, producer: Producer, *,
                  limits: Limits = DEFAULT_LIMITS,
@@ -229,7 +311,18 @@ class HttpServer:
         self._pending: dict[str, _Flight] = {}
         self._finished: deque[_Flight] = deque()  # done flights whose body someone is still reading
         self._work: queue.SimpleQueue[Optional[_Flight]] = queue.SimpleQueue()
-        self.scrapes = 0  # scrapes started, for tests and benchmarks
+        self.scrapes = 0  # scrapes started
+        self.failed_scrapes = 0  # the producer raised, or ran past write_timeout
+        self.last_scrape_error: Optional[str] = None
+        self.last_scrape_failed = False
+        self._ready: deque[_Conn] = deque()  # responses done: the next (pipelined) request is looked at from here
+        self._checks_waiting: dict[str, _Conn] = {}  # client → its connection waiting for a check, in order
+        self._check_running: Optional[_Conn] = None
+        self._check_work: queue.SimpleQueue[Optional[tuple[_Conn, Check]]] = queue.SimpleQueue()
+        self._check_done: queue.SimpleQueue[tuple[_Conn, Check, Any, Optional[BaseException]]] = \
+            queue.SimpleQueue()
+        self._checker: Optional[threading.Thread] = None
+        self._throttled = Throttled()
         self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
         self._worker = threading.Thread(target=self._scrape_worker, name="http-scrape", daemon=True)
 
@@ -255,6 +348,9 @@ class HttpServer:
         self._work.put(None)
         if self._worker.is_alive():
             self._worker.join(timeout=5)  # a scrape in progress finishes first (it reads files, no waits)
+        if self._checker is not None:
+            self._check_work.put(None)
+            self._checker.join(timeout=5)
         for conn in list(self._conns):
             self._close(conn)
         self._sel.close()
@@ -277,20 +373,33 @@ class HttpServer:
         while not self._stopping:
             now = time.monotonic()
             deadlines = [c.deadline for c in self._conns if c.deadline is not None]
+            running = self._running
+            if running is not None and not running.overdue:
+                deadlines.append(running.started + self.limits.write_timeout)
             timeout = max(0.0, min(deadlines) - now) if deadlines else None  # None: block until an event
-            for key, mask in self._sel.select(timeout):
-                try:
-                    if key.data is None:
-                        self._accept()
-                    elif key.data == "wake":
-                        self._on_wake()
-                    else:
-                        self._on_event(key.data, mask)
-                except Exception:  # a bug here must not take the server down with it
-                    log.exception("http: unexpected error")
-                    if isinstance(key.data, _Conn):
-                        self._close(key.data)
+            for key, mask in self._sel.select(0 if self._ready else timeout):
+                if key.data is None:
+                    self._guarded(self._accept)
+                elif key.data == "wake":
+                    self._guarded(self._on_wake)
+                else:
+                    self._guarded(self._on_event, key.data, mask)
+            # One turn for each connection whose response is done: answer its next buffered request, if any.
+            # (From here, not from where the response ended: a pipelined burst is a loop, not a recursion.)
+            for _ in range(len(self._ready)):
+                conn = self._ready.popleft()
+                if not conn.closed and conn.state == "idle":
+                    self._guarded(self._read, conn)
             self._expire(time.monotonic())
+
+    def _guarded(self, call: Callable[..., None], *args: Any) -> None:
+        try:
+            call(*args)
+        except Exception as exc:  # a bug here must not take the server down with it, nor fill the log
+            self._throttled.log("unexpected", logging.ERROR, "http: unexpected error: %r", exc, exc_info=True)
+            for arg in args:
+                if isinstance(arg, _Conn):
+                    self._close(arg)
 
     def _accept(self) -> None:
         for _ in range(64):  # then let the others have a turn
@@ -299,13 +408,12 @@ class HttpServer:
             except _WOULD_BLOCK:
                 return
             except OSError as exc:  # EMFILE and friends: stop accepting until a connection closes
-                log.warning("http: cannot accept: %s", exc)
+                self._throttled.log("accept", logging.WARNING, "http: cannot accept: %s", exc)
                 self._pause_accepting()
                 return
             now = time.monotonic()
-            if len(self._conns) >= self.limits.max_connections and not self._evict_one():
-                self._refuse(sock)
-                continue
+            if len(self._conns) >= self.limits.max_connections:
+                self._evict_one()
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
@@ -314,25 +422,21 @@ class HttpServer:
                 except (OSError, ValueError):
                     sock.close()
                     continue
-            conn = _Conn(sock, self._tls is not None, now, self.limits.header_timeout)
+            conn = _Conn(sock, self._tls is not None, now, self.limits.header_timeout, client_key(_addr))
             self._conns.add(conn)
             self._interest(conn, selectors.EVENT_READ)
 
-    def _refuse(self, sock: socket.socket) -> None:
-        if self._tls is None:
-            try:
-                sock.setblocking(False)
-                sock.send(_REFUSED)
-            except OSError:
-                pass
-        sock.close()
-
-    def _evict_one(self) -> bool:
-        candidates = [c for c in self._conns if c.evictable]
-        if not candidates:
-            return False
-        self._close(min(candidates, key=lambda c: c.since))
-        return True
+    def _evict_one(self) -> None:
+        """Make room: the client holding the most connections gives one up, the one that has waited longest
+        without a complete request, else its oldest (ties between clients: the same order)."""
+        held: dict[str, int] = {}
+        if not self._conns:
+            return
+        for conn in self._conns:
+            held[conn.client] = held.get(conn.client, 0) + 1
+        most = max(held.values())
+        crowded = [c for c in self._conns if held[c.client] == most]
+        self._close(min(crowded, key=lambda c: (not c.evictable, c.since)))
 
     def _pause_accepting(self) -> None:
         if self._accepting:
@@ -342,6 +446,10 @@ class HttpServer:
     def _expire(self, now: float) -> None:
         for conn in [c for c in self._conns if c.deadline is not None and c.deadline <= now]:
             self._close(conn)
+        running = self._running
+        if running is not None and not running.overdue and now - running.started >= self.limits.write_timeout:
+            running.overdue = True  # its clients have given up on it: a failed scrape, whatever it does next
+            self._scrape_failed(f"scrape still running after {self.limits.write_timeout:g} s (write_timeout)")
 
     def _interest(self, conn: _Conn, events: int) -> None:
         if conn.closed or events == conn.events:
@@ -361,6 +469,8 @@ class HttpServer:
         conn.closed = True
         self._conns.discard(conn)
         self._leave_flight(conn)
+        if conn.check is not None and self._checks_waiting.get(conn.check.client) is conn:
+            del self._checks_waiting[conn.check.client]
         try:
             conn.sock.close()
         except OSError:
@@ -400,6 +510,8 @@ class HttpServer:
             try:
                 data = conn.sock.recv(min(room, 65536))
             except self._would_block:
+                if not conn.inbuf:
+                    conn.burst = 0  # it sent nothing more than what was answered: not a pipelined burst
                 break
             except OSError:
                 return self._close(conn)
@@ -407,7 +519,7 @@ class HttpServer:
                 return self._close(conn)
             conn.inbuf += data
             room -= len(data)
-        if room <= 0 and conn.state in ("waiting", "writing"):
+        if room <= 0 and conn.state in ("checking", "waiting", "writing"):
             self._interest(conn, 0)  # pipelined requests wait in the buffer until this response is done
         if conn.state in ("idle", "head"):
             self._next_request(conn)
@@ -428,7 +540,14 @@ class HttpServer:
             return
         request, size = parsed
         del conn.inbuf[:size]
-        request = Request(request.method, request.path, request.version, request.headers, conn.peer_cert)
+        conn.burst += 1
+        if conn.burst > self.limits.max_pipelined:
+            self._throttled.log("pipelined", logging.WARNING, "http: client %s sent more than %d requests "
+                                "without reading the answers: connection closed", conn.client,
+                                self.limits.max_pipelined)
+            return self._close(conn)
+        request = Request(request.method, request.path, request.version, request.headers, conn.peer_cert,
+                          conn.client)
         connection = request.headers.get("connection", "").lower()
         conn.keep_alive = request.version == "HTTP/1.1" and "close" not in connection
         conn.deadline = now + self.limits.write_timeout
@@ -442,11 +561,17 @@ class HttpServer:
             return self._respond(conn, Response(400, "text/plain; charset=utf-8", b"no request body here\n"))
         try:
             answer = self._handler(request)
-        except Exception:
-            log.exception("http: %s %s failed", request.method, request.path)
+        except Exception as exc:
+            self._throttled.log("handler", logging.ERROR, "http: %s %s failed: %r", request.method, request.path,
+                                exc, exc_info=True)
             answer = Response(500, "text/plain; charset=utf-8", b"internal error\n")
+        self._answer(conn, answer)
+
+    def _answer(self, conn: _Conn, answer: Answer) -> None:
         if isinstance(answer, Scrape):
             self._join_flight(conn, answer)
+        elif isinstance(answer, Check):
+            self._queue_check(conn, answer)
         else:
             self._respond(conn, answer)
 
@@ -536,10 +661,9 @@ class HttpServer:
         conn.chunked = conn.headers_sent = conn.terminated = False
         conn.chunk = 0
         self._interest(conn, selectors.EVENT_READ)
-        if conn.inbuf:
-            self._next_request(conn)  # a pipelined request
-        elif conn.tls:
-            self._read(conn)  # TLS may hold decrypted bytes the selector cannot see
+        # A pipelined request may wait in its buffer, or decrypted in TLS's where the selector cannot see it:
+        # the loop looks (_serve), so that a burst of requests is answered in turns, not by recursion.
+        self._ready.append(conn)
 
     # --- single-flight scrapes --------------------------------------------------------------------
 
@@ -564,8 +688,22 @@ class HttpServer:
 
     def _start(self, flight: _Flight) -> None:
         self._running = flight
+        flight.started = time.monotonic()
         self.scrapes += 1
         self._work.put(flight)
+
+    def _scrape_failed(self, error: str, exc: Optional[BaseException] = None) -> None:
+        self.failed_scrapes += 1
+        self.last_scrape_error = error
+        self.last_scrape_failed = True
+        self._throttled.log("scrape", logging.ERROR, "http: scrape failed: %s", error, exc_info=exc)
+
+    def _scrape_ended(self, flight: _Flight) -> None:
+        if flight.error is not None:
+            if not flight.overdue:  # (counted already)
+                self._scrape_failed(f"{type(flight.error).__name__}: {flight.error}", flight.error)
+        elif not flight.abandoned and not flight.overdue:
+            self.last_scrape_failed = False
 
     def _leave_flight(self, conn: _Conn) -> None:
         flight = conn.flight
@@ -610,6 +748,7 @@ class HttpServer:
         # Cleared after draining (a byte written in between is not lost) and before reading the flight's
         # state (what the worker adds from here on comes with a new byte).
         self._wake_pending = False
+        self._checks_finished()
         flight = self._running
         if flight is None:
             return
@@ -618,6 +757,7 @@ class HttpServer:
                 self._advance(conn)
         if flight.done:
             self._running = None
+            self._scrape_ended(flight)
             if flight.conns:
                 self._finished.append(flight)
                 while len(self._finished) > self.limits.max_bodies:
@@ -646,8 +786,64 @@ class HttpServer:
                     if chunk:
                         flight.chunks.append(bytes(chunk))
                         self._wake()
-            except Exception as exc:  # reported to the waiting clients as a 500, and logged
-                log.exception("http: scrape failed")
+            except Exception as exc:  # reported to the waiting clients as a 500; counted and logged by the loop
                 flight.error = exc
             flight.done = True
             self._wake()
+
+    # --- checks (bcrypt) on their own thread --------------------------------------------------------
+
+    def _queue_check(self, conn: _Conn, check: Check) -> None:
+        if check.client in self._checks_waiting or len(self._checks_waiting) >= self.limits.max_checks_waiting:
+            return self._respond(conn, check.busy)
+        conn.check, conn.state = check, "checking"
+        self._checks_waiting[check.client] = conn
+        self._interest(conn, selectors.EVENT_READ)  # to notice a client that leaves while it waits
+        self._next_check()
+
+    def _next_check(self) -> None:
+        """Hand the check thread the next waiting client's check: clients in turn, one at a time."""
+        if self._check_running is not None or not self._checks_waiting:
+            return
+        client = next(iter(self._checks_waiting))
+        conn = self._checks_waiting.pop(client)
+        self._check_running = conn
+        if self._checker is None:  # started at the first check: no thread without basic auth
+            self._checker = threading.Thread(target=self._check_worker, name="http-check", daemon=True)
+            self._checker.start()
+        self._check_work.put((conn, conn.check))  # type: ignore[arg-type]
+
+    def _check_worker(self) -> None:
+        name_os_thread("oomwatch-check")
+        while True:
+            item = self._check_work.get()
+            if item is None:
+                return
+            conn, check = item
+            try:
+                result, error = check.work(), None
+            except Exception as exc:
+                result, error = None, exc
+            self._check_done.put((conn, check, result, error))
+            self._wake()
+
+    def _checks_finished(self) -> None:
+        while True:
+            try:
+                conn, check, result, error = self._check_done.get_nowait()
+            except queue.Empty:
+                break
+            self._check_running = None
+            if conn.closed or conn.check is not check:
+                continue  # the client left while it was checked
+            conn.check = None
+            answer: Answer
+            try:
+                if error is not None:
+                    raise error
+                answer = check.then(result)
+            except Exception as exc:
+                self._throttled.log("check", logging.ERROR, "http: check failed: %r", exc, exc_info=exc)
+                answer = Response(500, "text/plain; charset=utf-8", b"internal error\n")
+            self._answer(conn, answer)
+        self._next_check()

@@ -33,6 +33,7 @@ import base64
 import hashlib
 import logging
 import ssl
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -251,42 +252,77 @@ def load_web_config(path: str) -> tuple[WebSettings, Optional[RotatingTls]]:
 
 
 class BasicAuth:
-    """Checks `Authorization: Basic` against bcrypt hashes without letting clients spend the agent's CPU.
+    """Checks `Authorization: Basic` against bcrypt hashes without letting clients spend the agent's CPU or
+    lock a scraper out.
 
-    A bcrypt check costs about 50-100 ms at cost 10, on the server's only thread. Credentials that passed are
-    remembered (by their SHA-256, as exporter-toolkit caches them), so a scraper pays once; a failed credential
-    is remembered too; and new credentials are checked at most `checks_per_second` times a second: beyond
-    that the answer is 429 without checking."""
+    A bcrypt check costs about 50-100 ms at cost 10 and over a second at 14. The server asks for it as a
+    `Check` (httpserver.py): it runs on the check thread, never on the one that answers `/healthz`, one client
+    at a time in turn. Here:
+    - `known()`: credentials that passed are remembered (by their SHA-256, as exporter-toolkit caches them),
+      so a scraper pays once. Failures are not remembered: a stranger cannot fill the memory and push the
+      scraper's entry out, nor make a wrong password cheap to repeat.
+    - `admit(client)`: new credentials are checked at most `per_client_per_second` times a second per client
+      address (a burst of `burst`): one guessing client is answered 429 without a check and slows no other.
+    - `verify()`: the checks together take at most `cpu_share` of one core: after a check of d seconds the
+      next waits d × (1/cpu_share − 1), whatever the bcrypt cost and however many clients ask."""
 
-    def __init__(self, users: Mapping[str, bytes], checks_per_second: float = 4.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, users: Mapping[str, bytes], per_client_per_second: float = 1.0, burst: float = 4.0,
+                 cpu_share: float = 0.25, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self._users = dict(users)
-        self._rate, self._clock = checks_per_second, clock
-        self._tokens, self._at = checks_per_second, clock()
-        self._known: OrderedDict[bytes, bool] = OrderedDict()
+        self._rate, self._burst, self._share = per_client_per_second, burst, cpu_share
+        self._clock, self._sleep = clock, sleep
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client → (tokens, when)
+        self._passed: OrderedDict[bytes, None] = OrderedDict()  # SHA-256 of credentials that passed
+        self._lock = threading.Lock()  # _passed: read on the server's loop, written on its check thread
+        self._next_check = 0.0
         self._dummy: Optional[bytes] = None  # checked for unknown users, so timing does not reveal names
+        costs = [int(h[4:6]) for h in self._users.values() if h[4:6].isdigit()]
+        self._dummy_cost = max(costs, default=10)
 
-    def check(self, authorization: Optional[str]) -> str:
-        """"ok", "denied" (401) or "busy" (429)."""
+    @staticmethod
+    def _digest(authorization: str) -> bytes:
+        return hashlib.sha256(authorization[6:].strip().encode("latin-1", "replace")).digest()
+
+    def known(self, authorization: Optional[str]) -> Optional[str]:
+        """"ok" (passed before), "denied" (no basic credentials), or None: a check is needed. Cheap."""
         if not authorization or authorization[:6].lower() != "basic ":
             return "denied"
-        digest = hashlib.sha256(authorization[6:].strip().encode("latin-1", "replace")).digest()
-        if digest in self._known:
-            self._known.move_to_end(digest)
-            return "ok" if self._known[digest] else "denied"
-        now = self._clock()
-        self._tokens = min(self._rate, self._tokens + (now - self._at) * self._rate)
-        self._at = now
-        if self._tokens < 1:
-            return "busy"
-        self._tokens -= 1
-        ok = self._verify(authorization[6:].strip())
-        self._known[digest] = ok
-        while len(self._known) > 256:
-            self._known.popitem(last=False)
-        return "ok" if ok else "denied"
+        digest = self._digest(authorization)
+        with self._lock:
+            if digest in self._passed:
+                self._passed.move_to_end(digest)
+                return "ok"
+        return None
 
-    def _verify(self, encoded: str) -> bool:
+    def admit(self, client: str) -> bool:
+        """Whether `client` may have new credentials checked now (spends one of its tokens)."""
+        now = self._clock()
+        tokens, at = self._buckets.pop(client, (self._burst, now))
+        tokens = min(self._burst, tokens + (now - at) * self._rate)
+        allowed = tokens >= 1
+        self._buckets[client] = (tokens - 1 if allowed else tokens, now)
+        while len(self._buckets) > 4096:  # the least recently seen client starts afresh if it returns
+            self._buckets.popitem(last=False)
+        return allowed
+
+    def verify(self, authorization: str) -> bool:
+        """The bcrypt check (on the check thread: it may wait for its share of the CPU first)."""
+        wait = self._next_check - self._clock()
+        if wait > 0:
+            self._sleep(wait)
+        started = self._clock()
+        ok = self._bcrypt(authorization[6:].strip())
+        finished = self._clock()
+        self._next_check = finished + (finished - started) * (1 / self._share - 1)
+        if ok:
+            with self._lock:
+                self._passed[self._digest(authorization)] = None
+                while len(self._passed) > 256:
+                    self._passed.popitem(last=False)
+        return ok
+
+    def _bcrypt(self, encoded: str) -> bool:
         import bcrypt
 
         try:
@@ -295,7 +331,7 @@ class BasicAuth:
             return False
         hashed = self._users.get(user) if sep else None
         if hashed is None and self._dummy is None:
-            self._dummy = bcrypt.hashpw(b"-", bcrypt.gensalt(10))
+            self._dummy = bcrypt.hashpw(b"-", bcrypt.gensalt(self._dummy_cost))
         try:
             ok = bcrypt.checkpw(password.encode(), hashed or self._dummy)
         except ValueError:
