@@ -56,7 +56,7 @@ def start_early_pump(argv: Sequence[str], environ=os.environ) -> None:
         reader.open()
     except KmsgUnavailable:
         return
-    pump = KernelLogPump(reader, notify=lambda: None)
+    pump = KernelLogPump(reader)  # holds what it reads until the agent adopts it
     pump.start()
     _early = pump
 

@@ -340,3 +340,29 @@ def incident_key_of_json(data: dict[str, Any]) -> Optional[tuple]:
         return (data["boot_id"], seq, victim.get("pid", 0))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+# What a kernel-log reader yields besides records (oomwatch.sources.logitems.KmsgItem).
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Records the reader could not get. `count` is None when the size of the gap is unknown."""
+
+    count: Optional[int]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """`count` records that cannot be part of an OOM report were read and not parsed; `last_seq` is the
+    sequence number of the last (the cursor may move past them)."""
+
+    count: int
+    last_seq: Optional[int]
+
+
+@dataclass(frozen=True)
+class Garbled:
+    """A record that did not parse (counted, never fatal)."""
+
+    raw: bytes

@@ -6,15 +6,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from oomwatch.config import Config
 from oomwatch.correlator import BlindView, Correlator, NodeView
 from oomwatch.explain import explain
 from oomwatch.model import CgroupStats, Workload
+from oomwatch.nodestate import is_workload
 from oomwatch.sinks.collector import NodeInfo
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
-from oomwatch.workloads import WorkloadResolver, kubepods_level, scope_of
+from oomwatch.store import Labels
+from oomwatch.workloads import WorkloadResolver, scope_of
 from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
 
 
@@ -23,17 +25,9 @@ def cgroup_version_label(version: str) -> str:
 
 
 def is_workload_cgroup(path: str, workload: Workload, stats: Optional[CgroupStats]) -> bool:
-    """Which cgroups get their own series: Kubernetes containers and pods, Slurm steps, systemd services
-    and scopes, and any other cgroup with memory.oom.group=1 or a memory limit (someone cared)."""
-    if workload.cgroup != path or workload.sandbox or kubepods_level(path) == "conmon":
-        return False
-    if workload.type in ("k8s-container", "k8s-pod", "slurm"):
-        return True
-    if workload.type == "systemd":
-        return bool(workload.unit and workload.unit.endswith((".service", ".scope")))
-    if stats is None:
-        return False
-    return stats.oom_group == 1 or (stats.limit_bytes is not None and not math.isinf(stats.limit_bytes))
+    """nodestate.is_workload of a cgroup's stats as read."""
+    limited = stats is not None and stats.limit_bytes is not None and not math.isinf(stats.limit_bytes)
+    return is_workload(path, workload, stats.oom_group if stats else None, limited)
 
 
 def with_effective_oom_group(fs: CgroupFS, workload: Workload, stats: CgroupStats) -> CgroupStats:
@@ -46,8 +40,24 @@ def with_effective_oom_group(fs: CgroupFS, workload: Workload, stats: CgroupStat
     return stats
 
 
+def scraped_workloads(workloads: tuple[tuple[str, Labels, Workload], ...], cache, fs: CgroupFS,
+                      unwatched_limits: set[str]) -> Iterator[tuple[Labels, CgroupStats]]:
+    """A scrape's reads: each workload of the pipeline's snapshot with its cgroup's files now (through the
+    stat cache, sources.statcache), once per label set."""
+    seen: set[Labels] = set()
+    for path, labels, workload in workloads:
+        if labels in seen:
+            continue
+        if path in unwatched_limits:
+            cache.invalidate(path)  # no inotify on its limits: read them every time
+        stats = cache.read(path)
+        if stats is not None:
+            seen.add(labels)
+            yield labels, with_effective_oom_group(fs, workload, stats)
+
+
 class NodePosture:
-    """What the node's OOM policy is, re-read on demand (the kubelet config can change under us)."""
+    """What the node's OOM policy is, read on demand (the kubelet config can change under us)."""
 
     def __init__(self, config: Config, proc: Proc) -> None:
         self.config = config
@@ -60,8 +70,12 @@ class NodePosture:
         return single_process_oom_kill(policy, self.cgroup_version)
 
     def info(self) -> NodeInfo:
+        return self.info_with(self.single_process_oom_kill())
+
+    def info_with(self, single_process_oom_kill: str) -> NodeInfo:
+        """The node's info series with the policy as last read (the agent's pipeline holds it)."""
         return NodeInfo(kernel=self.kernel, cgroup_version=cgroup_version_label(self.cgroup_version),
-                        single_process_oom_kill=self.single_process_oom_kill())
+                        single_process_oom_kill=single_process_oom_kill)
 
 
 class PidView(BlindView):

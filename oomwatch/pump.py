@@ -3,8 +3,9 @@
 The ring buffer is small (128 KiB on Debian's kernels: about 1,450 records, some 22 OOM reports) and wraps
 under a storm; a record not read in time is gone. So reading is a thread of its own that does nothing else:
 it is started before anything slow (the cgroup walk, the backlog's correlation), it only reads, pre-filters
-(records without OOM words are counted, not parsed) and appends to a queue, and the processor thread takes
-the queue in batches. Whatever the processor does, it cannot starve the reader.
+(records without OOM words are counted, not parsed) and emits what each read returned as one
+`events.KernelLog` onto the agent's queue. Whatever the pipeline does, it cannot starve the reader. Started
+early (oomwatch/early.py), before there is a queue, it keeps its batches until the agent adopts it.
 
 A reader that fails is reopened (resuming after the last sequence read); one that cannot be reopened is
 reported dead, and the agent's health turns 503.
@@ -16,10 +17,10 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from typing import Any, Callable, Optional
 
-from oomwatch.sources.kmsg import KmsgUnavailable, Lost, Skipped
+from oomwatch.events import KernelLog, KernelLogEnded
+from oomwatch.sources.logitems import KmsgUnavailable, Lost, Skipped
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +29,18 @@ REOPEN_BACKOFF = 0.5  # seconds, doubled each attempt
 
 
 class KernelLogPump:
-    """`reader` is an opened LiveKmsg or SyslogKmsg; `reopen(after_seq)` opens a fresh one. Items come out
-    of `take()` in kernel order; `notify()` is called after each batch (the processor's wake-up)."""
+    """`reader` is an opened LiveKmsg or SyslogKmsg; `reopen(after_seq)` opens a fresh one. Each read's items go
+    to `emit` as one KernelLog event, in kernel order; a reader that fails for good ends with a KernelLogEnded.
+    `syslog`: the reader is syslog(2), read only when woken (its reads say when they began, not ended)."""
 
-    def __init__(self, reader: Any, notify: Callable[[], None],
-                 reopen: Optional[Callable[[Optional[int]], Any]] = None) -> None:
+    def __init__(self, reader: Any, emit: Optional[Callable[[Any], None]] = None,
+                 reopen: Optional[Callable[[Optional[int]], Any]] = None, syslog: bool = False) -> None:
         self.reader = reader
-        self._notify = notify
+        self._emit = emit
+        self._held: list = []  # batches read before anyone took them (the early start)
+        self._handover = threading.Lock()
         self._reopen = reopen
-        self._items: deque = deque()
+        self.syslog = syslog
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # a wake-up for readers that cannot be waited on (syslog(2))
         os.set_blocking(self._wake_r, False)
@@ -54,22 +58,22 @@ class KernelLogPump:
         self.alive = True
         self._thread.start()
 
-    def adopt(self, notify: Callable[[], None], reopen: Callable[[Optional[int]], Any]) -> None:
-        """Taken over by the agent (it was started early, before the agent existed)."""
-        self._reopen = reopen
-        self._notify = notify
-        notify()
+    def adopt(self, emit: Callable[[Any], None], reopen: Callable[[Optional[int]], Any]) -> None:
+        """Taken over by the agent (it was started early, before the agent existed): what was read so far goes
+        to `emit` first, in order."""
+        with self._handover:
+            self._reopen = reopen
+            for event in self._held:
+                emit(event)
+            self._held = []
+            self._emit = emit
 
-    def take(self) -> list:
-        """Everything read so far, in order."""
-        out = []
-        items = self._items
-        while items:
-            out.append(items.popleft())
-        return out
-
-    def backlog(self) -> int:
-        return len(self._items)
+    def _send(self, event: Any) -> None:
+        with self._handover:
+            if self._emit is None:
+                self._held.append(event)
+            else:
+                self._emit(event)
 
     def wake(self) -> None:
         """Read now (a memory.events oom_kill move: the cue for a syslog(2) reader)."""
@@ -102,6 +106,7 @@ class KernelLogPump:
                               REOPEN_ATTEMPTS)
                     if self._reopen is None or attempts > REOPEN_ATTEMPTS:
                         self.dead = True
+                        self._send(KernelLogEnded(saved=False, error=self.error))
                         return
                     time.sleep(REOPEN_BACKOFF * 2 ** (attempts - 1))
                     try:
@@ -115,26 +120,24 @@ class KernelLogPump:
                         self.error = f"kernel log reader failed: {exc}; reopening: {reopen_exc}"
         finally:
             self.alive = False
-            self._notify()
 
     def _pump_until_stopped(self) -> None:
-        reader, items = self.reader, self._items
+        reader = self.reader
         while True:
-            got = False
             started = time.time()
-            for item in reader.read_available():
-                items.append(item)
-                got = True
+            items = list(reader.read_available())
+            for item in reversed(items):  # the cursor a reopen resumes after
                 if isinstance(item, Skipped):
                     self.last_seq = item.last_seq
-                elif not isinstance(item, Lost):
-                    seq = getattr(item, "seq", None)
-                    if seq is not None:
-                        self.last_seq = seq
+                    break
+                seq = None if isinstance(item, Lost) else getattr(item, "seq", None)
+                if seq is not None:
+                    self.last_seq = seq
+                    break
             self.read_started_wall = started
             self.reads += 1
-            if got:
-                self._notify()
+            # Read to its end: /dev/kmsg up to now; syslog(2) up to when the read began.
+            self._send(KernelLog(items, started if self.syslog else time.time()))
             if self._stop.is_set():
                 return
             reader.wait(None, self._wake_r)

@@ -86,6 +86,9 @@ class Reconciler:
         self._make_incident = make_incident
         self.settle = settle
         self.accounts: dict[str, Account] = {}
+        # Cgroups whose kernel counters are ahead of what is accounted: `pending()` and `settles_at()` look only
+        # at these (a node has thousands of accounts, and the pipeline asks after every event).
+        self._unsettled: set[str] = set()
         self.stats = ReconcileStats()
 
     # --- input -------------------------------------------------------------------------------------
@@ -107,13 +110,21 @@ class Reconciler:
         acct.grouped = grouped
         for k in COUNTERS:
             acct.kernel[k] = max(acct.kernel[k], reading[k])  # counters never go down
-        return any(acct.kernel[k] > acct.seen[k] for k in COUNTERS)
+        if any(acct.kernel[k] > acct.seen[k] for k in COUNTERS):
+            self._unsettled.add(path)
+            if acct.deficit_at is None:
+                acct.deficit_at = now
+            return True
+        acct.since = now
+        return False
 
     def removed(self, path: str) -> None:
         """The cgroup is gone: its last reading is final; the account goes after the next reconcile."""
         acct = self.accounts.get(path)
         if acct is not None:
             acct.gone = True
+            if path not in self._unsettled:
+                del self.accounts[path]  # all accounted: nothing more can come of it
 
     def account(self, incident: Incident) -> None:
         """An incident the log described: its lines are accounted in the cgroups that counted them."""
@@ -123,10 +134,17 @@ class Reconciler:
             acct = self._account_for(incident.group_cgroup, incident.time)
             if acct is not None:
                 acct.seen["oom_group_kill"] += 1
+                self._settled_maybe(incident.group_cgroup, acct)
         for cgroup, lines in incident.kill_lines:
             acct = self._account_for(cgroup, incident.time)
             if acct is not None:
                 acct.seen["oom_kill"] += lines
+                self._settled_maybe(cgroup, acct)
+
+    def _settled_maybe(self, path: str, acct: Account) -> None:
+        if path in self._unsettled and all(acct.kernel[k] <= acct.seen[k] for k in COUNTERS):
+            self._unsettled.discard(path)
+            acct.deficit_at = None
 
     def _account_for(self, cgroup: str, when: float) -> Optional[Account]:
         acct = self.accounts.get(cgroup) if cgroup else None
@@ -138,11 +156,12 @@ class Reconciler:
 
     def pending(self) -> bool:
         """Whether some cgroup shows kills not yet accounted (the caller then calls reconcile soon)."""
-        return any(a.kernel[k] > a.seen[k] for a in self.accounts.values() for k in COUNTERS)
+        return bool(self._unsettled)
 
     def settles_at(self) -> Optional[float]:
         """The earliest time a read of the log that begins then can settle a noticed deficit (None: none)."""
-        times = [a.deficit_at + self.settle for a in self.accounts.values() if a.deficit_at is not None]
+        times = [a.deficit_at + self.settle for a in (self.accounts.get(p) for p in self._unsettled)
+                 if a is not None and a.deficit_at is not None]
         return min(times) if times else None
 
     def reconcile(self, now: float, log_drained_at: float) -> list[Incident]:
@@ -211,6 +230,7 @@ class Reconciler:
             if all(a.kernel[k] <= a.seen[k] for k in COUNTERS):
                 a.deficit_at = None
                 a.since = now
+                self._unsettled.discard(path)
                 if a.gone:
                     del self.accounts[path]
         return out
@@ -223,9 +243,18 @@ class Reconciler:
     def load_state(self, state: dict) -> None:
         """Restore accounts saved with the cursor (validated by the caller's schema check)."""
         for path, entry in state.items():
-            self.accounts[path] = Account(ino=entry["ino"], first_seen=entry["first_seen"],
-                                          seen=Counts(entry["seen"]), kernel=Counts(entry["kernel"]),
-                                          since=entry["since"], gone=True)  # until seen again this run
+            acct = self.accounts[path] = Account(ino=entry["ino"], first_seen=entry["first_seen"],
+                                                 seen=Counts(entry["seen"]), kernel=Counts(entry["kernel"]),
+                                                 since=entry["since"], gone=True)  # until seen again this run
+            if any(acct.kernel[k] > acct.seen[k] for k in COUNTERS):
+                self._unsettled.add(path)  # noticed (`deficit_at`) when the pipeline starts: see started()
+
+    def started(self, now: float) -> None:
+        """Deficits restored from the state are noticed now: they settle after a drain of the log from here."""
+        for path in self._unsettled:
+            acct = self.accounts.get(path)
+            if acct is not None and acct.deficit_at is None:
+                acct.deficit_at = now
 
 
 def _count(value: Optional[int]) -> int:

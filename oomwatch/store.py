@@ -1,7 +1,7 @@
 """What the agent has learnt: counters per workload, node counters, recent incidents, the kernel-log cursor.
 
-Sinks only ever see `snapshot()`, an immutable copy. The state directory (atomic writes, lock) is
-oomwatch.statefile.
+Owned by the pipeline (oomwatch.pipeline), on its one thread: no lock. Sinks only ever see `snapshot()`, an
+immutable copy the pipeline hands them. The state directory (atomic writes, lock) is oomwatch.statefile.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -78,7 +77,6 @@ class Store:
                  clock: Callable[[], float] = time.time, max_workloads: int = MAX_WORKLOADS) -> None:
         self.max_workloads = max_workloads
         self._dropped = 0  # workloads whose series were dropped to stay under max_workloads
-        self._lock = threading.Lock()
         self._clock = clock
         self.grace_seconds = grace_seconds
         self._workloads: dict[Labels, WorkloadCounters] = {}
@@ -95,54 +93,55 @@ class Store:
         self.boot_id: Optional[str] = None
         self.cursor_seq: Optional[int] = None
         self.cursor_source = "kmsg"  # the reader that wrote the cursor: "kmsg" (sequence) or "syslog" (µs)
+        self._expires_at: Optional[float] = None  # the earliest gone_since (a lower bound after a revival)
 
     # --- updates -----------------------------------------------------------------------------------
 
     def publish(self, incident: Incident, *, observe_latency: bool = True) -> bool:
         """Count an incident once. False (nothing changed) when it was already published."""
         key = incident.key
-        with self._lock:
-            if key in self._key_set:
-                return False
-            self._remember_key(key)
-            by_labels: dict[Labels, list[str]] = {}
-            if not incident.killed:  # counted from memory.events: the workloads are known, the pids not
-                for workload in incident.workloads or (incident.workload,):
-                    by_labels.setdefault(workload.metric_labels(), [])
-            for proc, role in zip(incident.killed, ["victim"] + ["collateral"] * len(incident.collateral)):
-                workload = next((w for w in incident.workloads if proc.cgroup and w.cgroup and
-                                 (proc.cgroup == w.cgroup or proc.cgroup.startswith(w.cgroup.rstrip("/") + "/"))),
-                                incident.workload)
-                by_labels.setdefault(workload.metric_labels(), []).append(role)
-            for labels, roles in by_labels.items():
-                counters = self._workloads.get(labels)
-                if counters is None:
-                    # Known only from the log (a replayed log, a cgroup already gone): its series expire after
-                    # the grace period like those of a workload that went away.
-                    counters = self._workloads[labels] = WorkloadCounters(gone_since=self._clock())
-                    self._cap()
-                kills, killed = dict(counters.kills), dict(counters.killed)
-                kills[incident.kind] += 1
-                for role in roles:
-                    killed[role] += 1
-                counters.kills, counters.killed = kills, killed
-                if incident.time >= (counters.last_kill or 0.0):
-                    counters.last_incident = (incident.kind, incident.scope, incident.explanation[:MAX_EXPLANATION])
-                counters.last_kill = max(counters.last_kill or 0.0, incident.time)
-                if counters.gone_since is not None:
-                    counters.gone_since = self._clock()  # an incident keeps a gone workload visible a while
-            self._node_kills[(incident.kind, incident.scope)] += 1
-            self._incidents.append(incident.to_json())
-            if incident.evidence != "kmsg":
-                self._counted_from_events += 1
-            latency = incident.latency_seconds
-            if observe_latency and latency is not None:
-                self._lat_count += 1
-                self._lat_sum += latency
-                for i, bound in enumerate(LATENCY_BUCKETS):
-                    if latency <= bound:
-                        self._buckets[i] += 1
-            return True
+        if key in self._key_set:
+            return False
+        self._remember_key(key)
+        by_labels: dict[Labels, list[str]] = {}
+        if not incident.killed:  # counted from memory.events: the workloads are known, the pids not
+            for workload in incident.workloads or (incident.workload,):
+                by_labels.setdefault(workload.metric_labels(), [])
+        for proc, role in zip(incident.killed, ["victim"] + ["collateral"] * len(incident.collateral)):
+            workload = next((w for w in incident.workloads if proc.cgroup and w.cgroup and
+                             (proc.cgroup == w.cgroup or proc.cgroup.startswith(w.cgroup.rstrip("/") + "/"))),
+                            incident.workload)
+            by_labels.setdefault(workload.metric_labels(), []).append(role)
+        for labels, roles in by_labels.items():
+            counters = self._workloads.get(labels)
+            if counters is None:
+                # Known only from the log (a replayed log, a cgroup already gone): its series expire after
+                # the grace period like those of a workload that went away.
+                counters = self._workloads[labels] = WorkloadCounters(gone_since=self._clock())
+                self._gone_at(self._clock())
+                self._cap()
+            kills, killed = dict(counters.kills), dict(counters.killed)
+            kills[incident.kind] += 1
+            for role in roles:
+                killed[role] += 1
+            counters.kills, counters.killed = kills, killed
+            if incident.time >= (counters.last_kill or 0.0):
+                counters.last_incident = (incident.kind, incident.scope, incident.explanation[:MAX_EXPLANATION])
+            counters.last_kill = max(counters.last_kill or 0.0, incident.time)
+            if counters.gone_since is not None:
+                counters.gone_since = self._clock()  # an incident keeps a gone workload visible a while
+        self._node_kills[(incident.kind, incident.scope)] += 1
+        self._incidents.append(incident.to_json())
+        if incident.evidence != "kmsg":
+            self._counted_from_events += 1
+        latency = incident.latency_seconds
+        if observe_latency and latency is not None:
+            self._lat_count += 1
+            self._lat_sum += latency
+            for i, bound in enumerate(LATENCY_BUCKETS):
+                if latency <= bound:
+                    self._buckets[i] += 1
+        return True
 
     def _remember_key(self, key: tuple) -> None:
         if len(self._keys) == self._keys.maxlen:
@@ -152,9 +151,8 @@ class Store:
 
     def seen(self, labels: Labels) -> None:
         """A live workload: its counters exist (at 0 before its first kill) and it is not gone."""
-        with self._lock:
-            self._workloads.setdefault(labels, WorkloadCounters()).gone_since = None
-            self._cap()
+        self._workloads.setdefault(labels, WorkloadCounters()).gone_since = None
+        self._cap()
 
     def _cap(self) -> None:
         """At most `max_workloads` series sets (a node running short-lived Slurm steps, Jobs or systemd scopes
@@ -168,85 +166,88 @@ class Store:
             self._dropped += 1
 
     def gone(self, labels: Labels) -> None:
-        with self._lock:
-            counters = self._workloads.get(labels)
-            if counters is not None and counters.gone_since is None:
-                counters.gone_since = self._clock()
+        counters = self._workloads.get(labels)
+        if counters is not None and counters.gone_since is None:
+            counters.gone_since = self._clock()
+            self._gone_at(counters.gone_since)
 
     def forget_unused(self, labels: Labels) -> None:
         """Drop a workload's series if nothing was ever counted for it (its labels were provisional: a pod
         cgroup seen before any of its containers named it)."""
-        with self._lock:
-            c = self._workloads.get(labels)
-            if c is not None and c.last_kill is None and not any(c.kills.values()) and not any(c.killed.values()):
-                del self._workloads[labels]
+        c = self._workloads.get(labels)
+        if c is not None and c.last_kill is None and not any(c.kills.values()) and not any(c.killed.values()):
+            del self._workloads[labels]
 
     def expire(self) -> int:
         """Drop workloads gone for longer than the grace period; returns how many."""
         now = self._clock()
-        with self._lock:
-            dead = [labels for labels, c in self._workloads.items()
-                    if c.gone_since is not None and now - c.gone_since >= self.grace_seconds]
-            for labels in dead:
-                del self._workloads[labels]
-            return len(dead)
+        dead = [labels for labels, c in self._workloads.items()
+                if c.gone_since is not None and now - c.gone_since >= self.grace_seconds]
+        for labels in dead:
+            del self._workloads[labels]
+        self._expires_at = min((c.gone_since for c in self._workloads.values() if c.gone_since is not None),
+                               default=None)
+        return len(dead)
+
+    def next_expiry(self) -> Optional[float]:
+        """When the first gone workload's grace period ends (None: none is gone)."""
+        return None if self._expires_at is None else self._expires_at + self.grace_seconds
+
+    def _gone_at(self, when: float) -> None:
+        if self._expires_at is None or when < self._expires_at:
+            self._expires_at = when
 
     def count_kmsg(self, records: int = 0, lost: int = 0, parse_errors: int = 0, rejected: int = 0) -> None:
-        with self._lock:
-            self._kmsg["records"] += records
-            self._kmsg["lost"] += lost
-            self._kmsg["parse_errors"] += parse_errors
-            self._kmsg["rejected"] += rejected
+        self._kmsg["records"] += records
+        self._kmsg["lost"] += lost
+        self._kmsg["parse_errors"] += parse_errors
+        self._kmsg["rejected"] += rejected
 
     def count_state_error(self) -> None:
-        with self._lock:
-            self._state_errors += 1
+        self._state_errors += 1
 
     def set_cursor(self, boot_id: str, seq: Optional[int], source: str = "kmsg") -> None:
-        with self._lock:
-            self.boot_id, self.cursor_seq, self.cursor_source = boot_id, seq, source
+        self.boot_id, self.cursor_seq, self.cursor_source = boot_id, seq, source
 
     # --- reads -------------------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        with self._lock:
-            return Snapshot(
-                workloads={k: WorkloadCounters(v.kills, v.killed, v.last_kill, v.gone_since, v.last_incident)
-                           for k, v in self._workloads.items()},
-                node_kills=dict(self._node_kills),
-                incidents=tuple(self._incidents),
-                kmsg_records=self._kmsg["records"],
-                kmsg_lost=self._kmsg["lost"],
-                kmsg_parse_errors=self._kmsg["parse_errors"],
-                kmsg_rejected=self._kmsg["rejected"],
-                counted_from_events=self._counted_from_events,
-                state_errors=self._state_errors,
-                workloads_dropped=self._dropped,
-                latency_buckets=tuple(self._buckets),
-                latency_count=self._lat_count,
-                latency_sum=self._lat_sum,
-            )
+        return Snapshot(
+            workloads={k: WorkloadCounters(v.kills, v.killed, v.last_kill, v.gone_since, v.last_incident)
+                       for k, v in self._workloads.items()},
+            node_kills=dict(self._node_kills),
+            incidents=tuple(self._incidents),
+            kmsg_records=self._kmsg["records"],
+            kmsg_lost=self._kmsg["lost"],
+            kmsg_parse_errors=self._kmsg["parse_errors"],
+            kmsg_rejected=self._kmsg["rejected"],
+            counted_from_events=self._counted_from_events,
+            state_errors=self._state_errors,
+            workloads_dropped=self._dropped,
+            latency_buckets=tuple(self._buckets),
+            latency_count=self._lat_count,
+            latency_sum=self._lat_sum,
+        )
 
     # --- persistence -------------------------------------------------------------------------------
 
     def to_state(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "version": STATE_VERSION,
-                "boot_id": self.boot_id,
-                "cursor_seq": self.cursor_seq,
-                "cursor_source": self.cursor_source,
-                "workloads": [{"labels": list(k), "kills": dict(v.kills), "killed": dict(v.killed),
-                               "last_kill": v.last_kill,
-                               "last_incident": list(v.last_incident) if v.last_incident else None,
-                               "gone_since": v.gone_since} for k, v in self._workloads.items()],
-                "node_kills": [[k, s, n] for (k, s), n in self._node_kills.items()],
-                "incidents": list(self._incidents),
-                "keys": list(self._keys),
-                "kmsg": dict(self._kmsg),
-                "counted_from_events": self._counted_from_events,
-                "latency": {"buckets": self._buckets, "count": self._lat_count, "sum": self._lat_sum},
-            }
+        return {
+            "version": STATE_VERSION,
+            "boot_id": self.boot_id,
+            "cursor_seq": self.cursor_seq,
+            "cursor_source": self.cursor_source,
+            "workloads": [{"labels": list(k), "kills": dict(v.kills), "killed": dict(v.killed),
+                           "last_kill": v.last_kill,
+                           "last_incident": list(v.last_incident) if v.last_incident else None,
+                           "gone_since": v.gone_since} for k, v in self._workloads.items()],
+            "node_kills": [[k, s, n] for (k, s), n in self._node_kills.items()],
+            "incidents": list(self._incidents),
+            "keys": list(self._keys),
+            "kmsg": dict(self._kmsg),
+            "counted_from_events": self._counted_from_events,
+            "latency": {"buckets": self._buckets, "count": self._lat_count, "sum": self._lat_sum},
+        }
 
     def load_state(self, state: Any) -> None:
         """Restore a saved state. Raises StateError naming the first field that is not what we write."""
@@ -295,19 +296,18 @@ class Store:
         v.expect(cursor_source in ("kmsg", "syslog"), f"cursor_source {cursor_source!r}")
         counted = state.get("counted_from_events", 0)
         v.expect(_is_count(counted), "counted_from_events")
-        with self._lock:
-            self._workloads = workloads
-            self._node_kills = node
-            self._buckets, self._lat_count, self._lat_sum = list(buckets), lat["count"], float(lat["sum"])
-            self._kmsg = {k: kmsg.get(k, 0) for k in ("records", "lost", "parse_errors", "rejected")}
-            self._counted_from_events = counted
-            self._incidents.clear()
-            self._incidents.extend(incidents)
-            self._keys.clear()
-            self._key_set.clear()
-            for key in keys:
-                self._remember_key(key)
-            self.boot_id, self.cursor_seq, self.cursor_source = boot_id, cursor, cursor_source
+        self._workloads = workloads
+        self._node_kills = node
+        self._buckets, self._lat_count, self._lat_sum = list(buckets), lat["count"], float(lat["sum"])
+        self._kmsg = {k: kmsg.get(k, 0) for k in ("records", "lost", "parse_errors", "rejected")}
+        self._counted_from_events = counted
+        self._incidents.clear()
+        self._incidents.extend(incidents)
+        self._keys.clear()
+        self._key_set.clear()
+        for key in keys:
+            self._remember_key(key)
+        self.boot_id, self.cursor_seq, self.cursor_source = boot_id, cursor, cursor_source
 
 
 def _is_count(x: Any) -> bool:

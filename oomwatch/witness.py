@@ -3,13 +3,11 @@
 When a group kill reaches a container's PID 1, the kernel tears the pid namespace down and the other
 processes die unlogged (docs/kernel-facts.md). A group kill therefore waits `wait` seconds for their exit
 events before it is published, and whatever follows it waits its turn: incidents go out in kernel order.
-Owned by the kernel-log processor thread; the proc connector thread only appends exits (a deque append is
-atomic).
+Owned by the pipeline (one thread, fed by events); times are the pipeline's `now`, given with each call.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import replace
 from typing import Callable, Optional
@@ -22,11 +20,9 @@ WITNESS_SECONDS = 0.5
 
 
 class WitnessQueue:
-    def __init__(self, explain: Callable[[Incident], str], wait: float = WITNESS_SECONDS,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, explain: Callable[[Incident], str], wait: float = WITNESS_SECONDS) -> None:
         self._explain = explain
         self.wait = wait
-        self._monotonic = monotonic
         self._sigkilled: deque[tuple[int, Optional[str], float]] = deque(maxlen=10_000)
         self._awaiting: deque[tuple[float, Incident]] = deque()
 
@@ -34,24 +30,21 @@ class WitnessQueue:
         """A process died by SIGKILL; `cgroup` is where it was last seen alive."""
         self._sigkilled.append((pid, cgroup, when))
 
-    def add(self, incidents: list[Incident]) -> None:
-        now = self._monotonic()
+    def add(self, incidents: list[Incident], now: float) -> None:
         for incident in incidents:
             self._awaiting.append((now + (self.wait if incident.kind == "group" and incident.killed else 0.0),
                                    incident))
 
-    def due(self, everything: bool = False) -> list[Incident]:
-        """The incidents whose wait is over, in order (the first holds the rest back)."""
-        now = self._monotonic()
+    def due(self, now: float, everything: bool = False) -> list[Incident]:
+        """The incidents whose wait is over at `now`, in order (the first holds the rest back)."""
         out = []
         while self._awaiting and (everything or self._awaiting[0][0] <= now):
             out.append(self._with_witnesses(self._awaiting.popleft()[1]))
         return out
 
-    def timeout(self) -> Optional[float]:
-        if not self._awaiting:
-            return None
-        return max(0.0, self._awaiting[0][0] - self._monotonic())
+    def next_due(self) -> Optional[float]:
+        """When the first incident's wait is over (None: nothing waits)."""
+        return self._awaiting[0][0] if self._awaiting else None
 
     def pending_since_seq(self) -> Optional[int]:
         seqs = [i.kernel_seq for _, i in self._awaiting if i.kernel_seq is not None]

@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from oomwatch.config import Config
+from oomwatch.node import NodePosture
+from oomwatch.pipeline import Settings
+from oomwatch.sources.cgroupfs import Proc
 from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES, base_url, http_get, running_agent, wait_for
+from tests.replay import Replay, saved_log_events, tree_events
 
 CASES = sorted(p for p in (FIXTURES / "golden").iterdir() if p.is_dir())
 UPDATE = os.environ.get("OOMWATCH_UPDATE_GOLDEN") == "1"
@@ -33,17 +37,36 @@ def compare(path: Path, actual: str) -> None:
     assert actual == path.read_text(), f"differs from {path} (OOMWATCH_UPDATE_GOLDEN=1 to rewrite)"
 
 
+def replayed(case: Path) -> tuple[str, str]:
+    """The case's tree and log through the pipeline, as the agent's loop feeds it: (/metrics, /incidents JSON)."""
+    config = golden_config(case, Path("/nonexistent"))
+    replay = Replay(Settings(boot_id=Proc(config.proc).boot_id(), boot_time=BOOT_TIME, kmsg_source=None,
+                             counting=False), now=DETECTED_AT,
+                    single_process_oom_kill=NodePosture(config, Proc(config.proc)).single_process_oom_kill())
+    replay.run(tree_events(case / "cgroup", case / "run", case / "pods") + saved_log_events(case / "kmsg"))
+    incidents = list(replay.pipeline.view().store.incidents)
+    return replay.metrics(config).decode(), json.dumps(incidents, indent=2, sort_keys=True) + "\n"
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_golden_metrics_and_incidents(case: Path, tmp_path: Path) -> None:
+def test_golden_metrics_and_incidents(case: Path) -> None:
+    metrics, incidents = replayed(case)
+    compare(case / "expected-metrics.txt", metrics)
+    compare(case / "expected-incidents.json", incidents)
+
+
+def test_the_running_agent_serves_the_golden_output(tmp_path: Path) -> None:
+    """Smoke test of the wiring: the real agent (threads, HTTP, events file) on a golden case serves exactly what
+    the replay gives, and its events file carries the same incidents, one per line."""
+    case = FIXTURES / "golden" / "k8s-runc"
+    expected = json.loads((case / "expected-incidents.json").read_text())
     with running_agent(golden_config(case, tmp_path), clock=lambda: DETECTED_AT) as agent:
-        assert wait_for(lambda: agent.kmsg_alive), agent.kmsg_error
+        assert wait_for(lambda: len(json.loads(http_get(base_url(agent) + "/incidents")[1])) == len(expected))
         status, metrics = http_get(base_url(agent) + "/metrics")
         assert status == 200
         status, incidents = http_get(base_url(agent) + "/incidents")
         assert status == 200
-    incidents_json = json.dumps(json.loads(incidents), indent=2, sort_keys=True) + "\n"
-    compare(case / "expected-metrics.txt", metrics.decode())
-    compare(case / "expected-incidents.json", incidents_json)
-    # The events file carries exactly the same incidents, one per line.
+    assert metrics.decode() == (case / "expected-metrics.txt").read_text()
+    assert json.loads(incidents) == expected
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
-    assert [json.loads(line) for line in lines] == json.loads(incidents)
+    assert [json.loads(line) for line in lines] == expected

@@ -6,33 +6,9 @@ without importing each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional, Union
 
-from oomwatch.model import KmsgRecord
-
-
-@dataclass(frozen=True)
-class Lost:
-    """Records the reader could not get. `count` is None when the size of the gap is unknown."""
-
-    count: Optional[int]
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """`count` records that cannot be part of an OOM report were read and not parsed; `last_seq` is the
-    sequence number of the last (the cursor may move past them)."""
-
-    count: int
-    last_seq: Optional[int]
-
-
-@dataclass(frozen=True)
-class Garbled:
-    """A record that did not parse (counted, never fatal)."""
-
-    raw: bytes
+from oomwatch.model import Garbled, KmsgRecord, Lost, Skipped  # kept in model: the pipeline takes them too
 
 
 KmsgItem = Union[KmsgRecord, Lost, Garbled, Skipped]

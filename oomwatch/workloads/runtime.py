@@ -260,7 +260,11 @@ class RuntimeNames:
         crio_root: Optional[str] = None,
         container_log_root: Optional[str] = None,
         max_entries: int = 8192,
+        read_files: bool = True,
     ) -> None:
+        # False: names only from `keep` (the pipeline's copy, which reads nothing: the cgroup source reads the
+        # bundles and sends the names with its events).
+        self.read_files = read_files
         self.containerd_root = os.path.join(run_root, "containerd", "io.containerd.runtime.v2.task", "k8s.io")
         self.crio_root = crio_root or os.path.join(run_root, "containers", "storage", "overlay-containers")
         self.pod_log_root = pod_log_root
@@ -344,9 +348,13 @@ class RuntimeNames:
 
     # -- public -------------------------------------------------------------------------------------
 
+    def keep(self, names: ContainerNames) -> None:
+        """Keep names read elsewhere (by the cgroup source, for the pipeline's copy)."""
+        self._store(names)
+
     def remember(self, container_id: str) -> Optional[ContainerNames]:
         """Read the names of a container that just appeared and keep them. None when nothing says."""
-        if not _SAFE_ID.match(container_id):
+        if not _SAFE_ID.match(container_id) or not self.read_files:
             return None
         names = self._read(container_id)
         if names is not None:
@@ -369,7 +377,7 @@ class RuntimeNames:
                 from_pod = ContainerNames(container_id=container_id, namespace=known[0], pod=known[1], pod_uid=pod_uid)
                 names = _merge(names, from_pod) if names is not None else from_pod
                 pod_unnamed = False
-        if pod_uid and _SAFE_ID.match(pod_uid) and pod_unnamed:
+        if pod_uid and _SAFE_ID.match(pod_uid) and pod_unnamed and self.read_files:
             pod_dir = self._read_pod_log_dir(pod_uid)
             if pod_dir is not None:
                 from_logs = ContainerNames(

@@ -1,0 +1,100 @@
+"""What the sources tell the pipeline: typed events, one queue, in the order they were read.
+
+Sources read (the kernel log, the cgroup tree, the proc connector, the kubelet's config) and emit these; the
+pipeline (oomwatch.pipeline) takes them one at a time in `step(event, now)` and never reads anything itself.
+Each event carries everything the pipeline will need of what was read, so that a recorded sequence of events
+replays to the same incidents, counts and state (tests/test_pipeline_replay.py). docs/loop.md has the picture.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+from oomwatch.workloads.runtime import ContainerNames
+
+
+class KernelLog(NamedTuple):
+    """Kernel-log items in kernel order (KmsgRecord, Skipped, Lost, Garbled from oomwatch.sources.kmsg), as one
+    read returned them. `drained_at`: epoch seconds up to which the log has now been read (the read found nothing
+    more): /dev/kmsg, the time the read ended; syslog(2), when the read began. None: more is coming at once."""
+
+    items: list
+    drained_at: Optional[float] = None
+
+
+class KernelLogEnded(NamedTuple):
+    """The kernel-log source stopped: a saved log read to its end (`saved`), or a live reader that failed for
+    good (`error`)."""
+
+    saved: bool
+    error: Optional[str] = None
+
+
+class CgroupAdded(NamedTuple):
+    """A cgroup appeared (or was found at start). Read when it was seen: its directory's inode,
+    memory.events.local, memory.oom.group, whether memory.max is a limit, the pids of cgroup.procs, and, for a
+    container cgroup, the names its runtime bundle gave (the bundle is gone soon after the container dies)."""
+
+    path: str
+    ino: Optional[int]
+    local: Optional[dict]
+    oom_group: Optional[int]
+    limited: bool
+    pids: tuple
+    names: Optional[ContainerNames] = None
+
+
+class CgroupChanged(NamedTuple):
+    """A cgroup's files changed: memory.events.local moved (`local`, with the inode), or its limits were written,
+    or it got its first process. `pids`: cgroup.procs of it and its descendants, read when an OOM was near
+    (path → pids), else None. `oom_group`/`limited` as read now (None/False when not read)."""
+
+    path: str
+    ino: Optional[int]
+    local: Optional[dict]
+    oom_group: Optional[int]
+    limited: bool
+    pids: Optional[dict] = None
+
+
+class CgroupRemoved(NamedTuple):
+    path: str
+
+
+class ProcessForked(NamedTuple):
+    parent: int
+    parent_task: int
+    child: int
+
+
+class ProcessExeced(NamedTuple):
+    """A process exec'd; `cgroup` is its cgroup as /proc said then (in the host's cgroup tree)."""
+
+    pid: int
+    cgroup: Optional[str]
+
+
+class ProcessExited(NamedTuple):
+    pid: int
+    signal: int
+    time: float
+
+
+class PostureRead(NamedTuple):
+    """The node's OOM policy as the kubelet's config says it now: singleProcessOOMKill "true"/"false"/"unknown"."""
+
+    single_process_oom_kill: str
+
+
+class StateSaved(NamedTuple):
+    """The outcome of the save the pipeline asked for: None, or why the disk refused."""
+
+    error: Optional[str]
+
+
+class Tick(NamedTuple):
+    """A deadline the pipeline asked for has come (quiet log, witness wait, settle, save, expiry)."""
+
+
+class Stop(NamedTuple):
+    """The agent is stopping: publish what is finished, save, and end the loop."""

@@ -1,0 +1,379 @@
+"""The one loop's core: every event the sources read goes through `Pipeline.step(event, now)`, which decides what
+to do and returns it as `Effects`. It owns the node's state on one thread, without locks: node state (pid map,
+oom.group flags, hints, workload registry), the correlator, the witness queue, the reconciler, the store
+(counters, incidents, cursor). It reads no file, opens no socket and reads no clock: `now` comes with each event,
+and what it knows of the node comes only from events (oomwatch.events). The agent applies the effects (sinks
+publish, the state file is written, the kernel log is woken) and hands scrapes the latest `snapshot()`.
+docs/loop.md has the picture.
+
+Timing lives here too, as deadlines rather than threads: `next_deadline()` says when a `Tick` is due (an incident
+still being printed is complete once the log has been quiet `quiet` seconds; a group kill waits for its
+witnesses; a deficit in memory.events settles; the state is saved at most every SAVE_INTERVAL while busy; a gone
+workload's series expire after the grace period). Nothing is due while nothing happens: no idle wake-ups.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Optional
+
+from oomwatch.correlator import Correlator
+from oomwatch.events import (
+    CgroupAdded,
+    CgroupChanged,
+    CgroupRemoved,
+    KernelLog,
+    KernelLogEnded,
+    PostureRead,
+    ProcessExeced,
+    ProcessExited,
+    ProcessForked,
+    StateSaved,
+    Stop,
+    Tick,
+)
+from oomwatch.explain import explain
+
+from oomwatch.nodestate import NodeState, is_workload
+from oomwatch.reconcile import Reconciler, counted_incident
+from oomwatch.model import Garbled, Incident, KmsgRecord, Lost, Skipped, Workload
+from oomwatch.store import Labels, Snapshot, Store
+from oomwatch.witness import SIGKILL, WitnessQueue
+from oomwatch.workloads import WorkloadResolver, scope_of
+
+# State is written at most this often while incidents keep coming (and at once when the log goes quiet).
+SAVE_INTERVAL = 1.0
+
+
+@dataclass
+class Effects:
+    """What one step asks the agent to do; empty most of the time."""
+
+    publish: list[Incident] = field(default_factory=list)  # counted once by the store: for the sinks
+    save: Optional[dict[str, Any]] = None  # the state to write (then step a StateSaved with the outcome)
+    logs: list[tuple[int, str]] = field(default_factory=list)  # (logging level, message)
+    wake_kernel_log: bool = False  # syslog(2) is read only when woken: read now
+    changed: bool = False  # the snapshot is out of date
+    fatal: Optional[str] = None  # a source failed for good: the agent exits so that it is restarted
+    done: bool = False  # Stop handled: the loop ends
+
+
+class View(NamedTuple):
+    """What a scrape and the other readers see: immutable, replaced whole by the pipeline."""
+
+    store: Snapshot
+    workloads: tuple[tuple[str, Labels, Workload], ...]  # (cgroup, series labels, identity), one per cgroup
+    single_process_oom_kill: str
+    state_error: Optional[str]
+
+    def snapshot(self) -> Snapshot:  # what the HTTP sink and the collector ask of a store
+        return self.store
+
+
+@dataclass(frozen=True)
+class Settings:
+    boot_id: str
+    boot_time: float
+    kmsg_source: Optional[str]  # "kmsg" | "syslog": the live reader; None: a saved log, or no kernel log
+    counting: bool  # a live kernel log is read: memory.events counts the kills its records do not describe
+    quiet: float = 0.25  # seconds of a quiet log after which an incident still open is complete
+    witness_wait: float = 0.0  # seconds a group kill waits for the proc connector's exits (0: no connector)
+    persist: bool = False  # a state directory is kept
+    skip_upto: Optional[int] = None  # an early reader read the ring from its start: records up to here are done
+
+
+class Pipeline:
+    def __init__(self, settings: Settings, store: Store, resolver: WorkloadResolver, *, now: float,
+                 accounts: Optional[dict] = None, single_process_oom_kill: str = "unknown") -> None:
+        self.settings = settings
+        self.store = store
+        self.resolver = resolver
+        self._now = now
+        store._clock = lambda: self._now  # the store's times are the events' times
+        self.single_process_oom_kill = single_process_oom_kill
+        self.node = NodeState(resolver)
+        live = settings.kmsg_source is not None
+        self.correlator = Correlator(boot_id=settings.boot_id, boot_time=settings.boot_time,
+                                     resolve_workload=resolver.resolve, scope_of=scope_of, explain=self._explain,
+                                     view=self.node, detected_clock=lambda: self._now, live=live)
+        self.witness = WitnessQueue(explain=self._explain, wait=settings.witness_wait if live else 0.0)
+        self.reconciler = Reconciler(self._counted_incident)
+        self.reconciler.load_state(accounts or {})
+        self.reconciler.started(now)
+        self._skip_upto = settings.skip_upto
+        self._last_record = now
+        self._caught_up = False
+        self._read_started = 0.0  # syslog(2): when the last complete read began
+        self._reads = 0
+        self._drained_at = 0.0  # the log was last read to its end with everything published at this time
+        self._live = False  # the backlog already in the ring at start is not timed
+        self._dirty = False
+        self._saved_at = now
+        self.state_error: Optional[str] = None
+        self._identities: dict[str, Workload] = {}
+        self._handlers: dict[type, Callable[[Any, Effects], None]] = {
+            KernelLog: self._kernel_log, CgroupAdded: self._cgroup_added, CgroupChanged: self._cgroup_changed,
+            CgroupRemoved: self._cgroup_removed, ProcessForked: self._forked, ProcessExeced: self._execd,
+            ProcessExited: self._exited, PostureRead: self._posture, StateSaved: self._state_saved,
+            KernelLogEnded: self._kernel_log_ended, Stop: self._stop, Tick: lambda event, fx: None,
+        }
+
+    # --- the step ----------------------------------------------------------------------------------
+
+    def step(self, event: Any, now: float) -> Effects:
+        """Take one event at time `now` (epoch seconds); return what to do."""
+        self._now = now
+        fx = Effects()
+        self._handlers[type(event)](event, fx)
+        if not fx.done:
+            self._advance(fx)
+        return fx
+
+    def next_deadline(self) -> Optional[float]:
+        """When a Tick is due (None: nothing is due until the next event)."""
+        times = [self.witness.next_due(), self.store.next_expiry()]
+        if self.correlator.pending:
+            times.append(self._last_record + self.settings.quiet)
+        if self.reconciler.pending():
+            times.append(self.reconciler.settles_at())
+        if self._dirty:
+            times.append(self._saved_at + SAVE_INTERVAL)
+        return min((t for t in times if t is not None), default=None)
+
+    def view(self) -> View:
+        workloads = tuple((path, labels, self._identities[path]) for path, labels in self.node.workloads.items())
+        return View(self.store.snapshot(), workloads, self.single_process_oom_kill, self.state_error)
+
+    def state(self) -> dict[str, Any]:
+        """The state file's content: the store, the cursor and the reconciler's accounts."""
+        self.store.set_cursor(self.settings.boot_id, self._cursor(), self.settings.kmsg_source or "kmsg")
+        state = self.store.to_state()
+        state["accounts"] = self.reconciler.to_state()
+        return state
+
+    # --- kernel log --------------------------------------------------------------------------------
+
+    def _kernel_log(self, event: KernelLog, fx: Effects) -> None:
+        items = self._after_cursor(event.items)
+        for item in items:
+            try:
+                self._kernel_item(item, fx)
+            except Exception as exc:  # one bad record must not stop the reading: count it, say it, go on
+                self.store.count_kmsg(parse_errors=1)
+                fx.logs.append((logging.ERROR, f"kernel log: cannot process record {item!r:.300}: {exc!r}; "
+                                               "skipped"))
+        if items:
+            self._last_record = self._now
+        self._caught_up = event.drained_at is not None
+        if event.drained_at is not None:
+            self._read_started = event.drained_at
+            self._reads += 1
+
+    def _kernel_item(self, item: Any, fx: Effects) -> None:
+        if isinstance(item, KmsgRecord):
+            stats = self.correlator.stats
+            errors_before, rejected_before = stats.parse_errors, stats.rejected
+            out = self.correlator.feed(item)
+            self.store.count_kmsg(records=1, parse_errors=stats.parse_errors - errors_before,
+                                  rejected=stats.rejected - rejected_before)
+            if stats.rejected > rejected_before:
+                fx.logs.append((logging.WARNING, f"kernel log: rejected an OOM line from syslog facility "
+                                                 f"{item.priority >> 3}, not the kernel (written to /dev/kmsg by a "
+                                                 f"process?): {item.text:.200}"))
+            if out:
+                self.witness.add(out, self._now)
+        elif isinstance(item, Skipped):
+            self.correlator.skipped(item.count, item.last_seq)
+            self.store.count_kmsg(records=item.count)
+        elif isinstance(item, Lost):
+            self.correlator.lost(item.count or 0)
+            self.store.count_kmsg(lost=item.count or 0)
+            fx.logs.append((logging.WARNING, f"kernel log: {item.count or 'some'} records lost before they could "
+                                             "be read (the kernel's memory.events still count their kills)"))
+        elif isinstance(item, Garbled):
+            self.store.count_kmsg(parse_errors=1)
+
+    def _after_cursor(self, items: list) -> list:
+        """An early reader read the ring from its oldest record: drop what the saved cursor says was done, and
+        count a gap between the cursor and the oldest record still there as lost."""
+        if self._skip_upto is None or not items:
+            return items
+        cursor, out = self._skip_upto, []
+        for n, item in enumerate(items):
+            seq = item.last_seq if isinstance(item, Skipped) else getattr(item, "seq", None)
+            if seq is None or seq <= cursor:
+                continue
+            first = seq - item.count + 1 if isinstance(item, Skipped) else seq
+            if first > cursor + 1:
+                out.append(Lost(first - cursor - 1))
+            out.extend(items[n:])
+            self._skip_upto = None
+            break
+        return out
+
+    def _kernel_log_ended(self, event: KernelLogEnded, fx: Effects) -> None:
+        if event.saved:  # a saved log read to its end: everything in it is complete
+            self.witness.add(self.correlator.flush(), self._now)
+            self._publish(self.witness.due(self._now, everything=True), fx)
+            fx.logs.append((logging.INFO, f"replayed the saved kernel log: {len(self.store.snapshot().incidents)} "
+                                          "incidents"))
+            self._dirty = self.settings.persist
+            self._saved_at = self._now - SAVE_INTERVAL  # saved at once
+        elif event.error:
+            fx.fatal = event.error
+
+    # --- cgroups and processes -----------------------------------------------------------------------
+
+    def _cgroup_added(self, event: CgroupAdded, fx: Effects) -> None:
+        path, node = event.path, self.node
+        node.remember_pids(path, event.pids)
+        node.set_oom_group(path, event.oom_group)
+        node.first_reading(path, event.local)
+        if event.names is not None:
+            self.resolver.runtime_names.keep(event.names)
+        self._classify(path, event.oom_group, event.limited, fx, names_arrived=event.names is not None)
+        if self.settings.counting and event.ino is not None and event.local is not None:
+            self.reconciler.observe(path, event.ino, event.local, self._now, node.is_grouped(path))
+
+    def _cgroup_changed(self, event: CgroupChanged, fx: Effects) -> None:
+        path, node = event.path, self.node
+        node.set_oom_group(path, event.oom_group)
+        for where, pids in (event.pids or {}).items():
+            node.remember_pids(where, pids)
+        moved = node.counters_read(path, event.local, self._now) if event.local is not None else None
+        if not node.is_workload(path) and (moved is None or moved["oom"] or moved["oom_kill"]):
+            # A plain cgroup that just got a limit or memory.oom.group (or an OOM) becomes a workload.
+            self._classify(path, node.oom_group_of(path), event.limited, fx)
+        if (self.settings.counting and moved is not None and event.ino is not None
+                and (moved["oom_kill"] or moved["oom_group_kill"])):
+            self.reconciler.observe(path, event.ino, event.local, self._now, node.is_grouped(path))
+
+    def _cgroup_removed(self, event: CgroupRemoved, fx: Effects) -> None:
+        self._identities.pop(event.path, None)
+        labels = self.node.cgroup_removed(event.path)
+        if labels is not None:
+            self.store.gone(labels)
+            fx.changed = True
+        self.reconciler.removed(event.path)
+
+    def _classify(self, path: str, oom_group: Optional[int], limited: bool, fx: Effects,
+                  names_arrived: bool = False) -> None:
+        workload = self.resolver.resolve(path)
+        if is_workload(path, workload, oom_group, limited):
+            self._set_labels(path, workload, fx)
+        pod = workload.pod_cgroup
+        if names_arrived and pod and self.node.is_workload(pod):
+            # The pod cgroup appeared before any container could name it: now one can.
+            self._set_labels(pod, self.resolver.resolve(pod), fx)
+
+    def _set_labels(self, path: str, workload: Workload, fx: Effects) -> None:
+        labels = workload.metric_labels()
+        self._identities[path] = workload
+        old = self.node.set_workload(path, labels)
+        if old == labels:
+            return
+        self.store.seen(labels)
+        if old is not None:
+            self.store.forget_unused(old)
+        fx.changed = True
+
+    def _forked(self, event: ProcessForked, fx: Effects) -> None:
+        self.node.process_forked(event.parent, event.parent_task, event.child)
+
+    def _execd(self, event: ProcessExeced, fx: Effects) -> None:
+        self.node.process_execd(event.pid, event.cgroup)
+
+    def _exited(self, event: ProcessExited, fx: Effects) -> None:
+        if event.signal == SIGKILL:
+            # Its cgroup as last seen alive: the exit event comes after the process has left it.
+            self.witness.exited(event.pid, self.node.cgroup_of_pid(event.pid), event.time)
+
+    # --- node, state, stop -----------------------------------------------------------------------------
+
+    def _posture(self, event: PostureRead, fx: Effects) -> None:
+        fx.changed = self.single_process_oom_kill != event.single_process_oom_kill
+        self.single_process_oom_kill = event.single_process_oom_kill
+
+    def _state_saved(self, event: StateSaved, fx: Effects) -> None:
+        if event.error is not None:
+            self.store.count_state_error()
+            if self.state_error is None:  # one line per change, not per save
+                fx.logs.append((logging.ERROR, f"cannot write state: {event.error}; counting goes on in memory"))
+        elif self.state_error is not None:
+            fx.logs.append((logging.INFO, "state written again"))
+        fx.changed = fx.changed or event.error != self.state_error
+        self.state_error = event.error
+
+    def _stop(self, event: Stop, fx: Effects) -> None:
+        # Incidents finished but held back are complete: publish them. One still being printed is left to the
+        # next start, which re-reads the log from its first record (the cursor stops before it).
+        self.witness.add(self.correlator.release_finished(), self._now)
+        self._publish(self.witness.due(self._now, everything=True), fx)
+        if self.settings.persist:
+            fx.save = self.state()
+            self._dirty = False
+        fx.done = True
+
+    # --- after every event -------------------------------------------------------------------------------
+
+    def _advance(self, fx: Effects) -> None:
+        """Whatever is due now: complete quiet incidents, publish, reconcile, move the cursor, save."""
+        now, correlator = self._now, self.correlator
+        if correlator.pending and self._caught_up and now - self._last_record >= self.settings.quiet:
+            self.witness.add(correlator.flush(), now)  # quiet long enough: an incident still open is complete
+        if self.witness.next_due() is not None:
+            self._publish(self.witness.due(now), fx)
+        syslog = self.settings.kmsg_source == "syslog"
+        if self._caught_up and not correlator.pending and not len(self.witness):
+            # /dev/kmsg wakes its reader with every record: caught up, the log is read up to now. syslog(2) is
+            # read only when woken: up to when its last read began.
+            self._drained_at = min(now, self._read_started) if syslog else now
+            self._live = self._live or self._reads > 0
+        if self.reconciler.pending():
+            settles_at = self.reconciler.settles_at()
+            if settles_at is not None and settles_at <= self._drained_at:
+                found = self.reconciler.reconcile(now, self._drained_at)
+                if found:
+                    fx.logs.append((logging.WARNING, f"{len(found)} OOM kill(s) counted by memory.events that no "
+                                                     "kernel log record describes"))
+                    self._publish(found, fx)
+            elif (settles_at is not None and syslog and self._caught_up
+                  and self._read_started < settles_at <= now):
+                fx.wake_kernel_log = True  # a read after the counters moved settles them
+        next_expiry = self.store.next_expiry()
+        if next_expiry is not None and next_expiry <= now:
+            self.store.expire()
+            fx.changed = True
+        if self._dirty and self.settings.persist and (
+                now - self._saved_at >= SAVE_INTERVAL or (self._caught_up and not correlator.pending)):
+            fx.save = self.state()
+            self._dirty = False
+            self._saved_at = now
+
+    def _publish(self, incidents: list[Incident], fx: Effects) -> None:
+        for incident in incidents:
+            if not self.store.publish(incident, observe_latency=self._live):
+                continue
+            self.reconciler.account(incident)
+            self._dirty = self.settings.persist
+            fx.publish.append(incident)
+            fx.changed = True
+
+    def _cursor(self) -> Optional[int]:
+        """The last record fully published: a restart reads from the first record of anything pending."""
+        pending = [s for s in (self.correlator.pending_since_seq, self.witness.pending_since_seq())
+                   if s is not None]
+        cursor = min(pending) - 1 if pending else self.correlator.last_seq
+        if cursor is None and self.store.cursor_seq is not None:
+            cursor = self.store.cursor_seq
+        return cursor
+
+    # --- incidents -----------------------------------------------------------------------------------------
+
+    def _explain(self, incident: Incident) -> str:
+        return explain(incident, self.single_process_oom_kill)
+
+    def _counted_incident(self, **kw) -> Incident:
+        return counted_incident(boot_id=self.settings.boot_id, detected_at=self._now, resolve=self.resolver.resolve,
+                                scope_of=scope_of, explain=self._explain, **kw)

@@ -1,0 +1,37 @@
+"""Tuning of the agent's process (glibc's malloc), done by the entry point before the threads start and around
+each scrape. Nothing here knows what the agent does."""
+
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Iterator
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each thread that allocates its own malloc arena, and freed memory scattered over a handful of
+    arenas is not handed back: the agent's threads (reader pump, pipeline, cgroup watcher, HTTP, scrape) kept
+    megabytes each. Two arenas, set before the threads start (mallopt M_ARENA_MAX)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(-8, arenas)  # M_ARENA_MAX
+
+
+def malloc_trimmed(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """A scrape's body, then its garbage handed back to the kernel: a 2,000-container body is megabytes of
+    short-lived strings, and glibc keeps freed heap (RSS grew by a third over 1,000 scrapes without this)."""
+    yield from chunks
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.lru_cache(maxsize=1)
+def _glibc():
+    """glibc, for its malloc tuning; None elsewhere (musl, macOS): nothing to tune."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+    except (OSError, AttributeError):
+        return None

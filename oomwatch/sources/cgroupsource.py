@@ -1,0 +1,175 @@
+"""The cgroup tree and the proc connector as event sources: what the watcher and the connector report is read
+here, on their threads, and emitted as oomwatch.events for the pipeline. Nothing here decides anything about
+incidents; it only decides what is worth reading (a pid snapshot when an OOM is near, not at every counter move).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import posixpath
+import time
+from typing import Any, Callable, Optional
+
+from oomwatch.events import (
+    CgroupAdded,
+    CgroupChanged,
+    CgroupRemoved,
+    ProcessExeced,
+    ProcessExited,
+    ProcessForked,
+)
+from oomwatch.parse.cgroup import parse_limit
+from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc, cat
+from oomwatch.workloads import WorkloadResolver, identify
+
+# A cgroup's pid list is re-read at most this often while it sits at its limit.
+PID_SNAPSHOT_INTERVAL = 0.2
+_COUNTERS = ("max", "oom", "oom_kill", "oom_group_kill")
+
+Emit = Callable[[Any], None]
+
+
+class CgroupSource:
+    """Watches the tree (sources.cgroupfs.CgroupWatcher) and emits CgroupAdded / CgroupChanged / CgroupRemoved.
+
+    `resolver` reads container names from the runtime's bundles as containers appear; `stat_cache` (scrape-time
+    reads) is told what changed; `on_kill()` is called when a cgroup's oom_kill moves (the cue a syslog(2)
+    reader needs). `clock` is monotonic seconds, for the snapshot rate limit."""
+
+    def __init__(self, fs: CgroupFS, resolver: WorkloadResolver, emit: Emit, *, stat_cache: Any = None,
+                 on_kill: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.fs, self.resolver, self._emit = fs, resolver, emit
+        self.stat_cache = stat_cache
+        self.on_kill = on_kill
+        self._clock = clock
+        self._last_local: dict[str, tuple[int, ...]] = {}
+        self._snapshot_at: dict[str, float] = {}
+        self.own_cgroup: Optional[str] = None  # where this process sits in the watched tree (seen in a pid list)
+        self.watcher = CgroupWatcher(fs, on_added=self._added, on_removed=self._removed, on_events=self._events,
+                                     on_populated=self._populated)
+        self.watcher.on_limits = self._limits
+        if stat_cache is not None:
+            self.watcher.on_resync = stat_cache.invalidate_all
+
+    def start(self) -> None:
+        """Watch the whole tree and emit what is there now (the pipeline's initial state)."""
+        for path in self.watcher.start_watching():
+            self._added(path)
+
+    def run(self) -> None:
+        self.watcher.run()
+
+    def stop(self) -> None:
+        self.watcher.stop()
+
+    # --- reading ---------------------------------------------------------------------------------------
+
+    def _pids(self, path: str) -> tuple[int, ...]:
+        pids = self.fs.read_pids(path)
+        if self.own_cgroup is None and os.getpid() in pids:
+            self.own_cgroup = path
+        return pids
+
+    def _limits_of(self, path: str) -> tuple[Optional[int], bool]:
+        """memory.oom.group, and whether memory.max is a limit."""
+        file = f"{self.fs.abspath(path)}/memory.max"
+        limit = self.fs.parsed(file, cat(file), parse_limit)
+        return self.fs.read_oom_group(path), limit is not None and not math.isinf(limit)
+
+    def _subtree_pids(self, root: str) -> dict[str, tuple[int, ...]]:
+        prefix = root.rstrip("/") + "/"
+        return {p: self._pids(p) for p in self.watcher.known() if p == root or p.startswith(prefix)}
+
+    def _names(self, path: str):
+        names = self.resolver.container_appeared(path)
+        if names is None and self.resolver.runtime_names is not None:
+            workload = identify(path)
+            if workload.type == "k8s-pod" and workload.pod_uid and workload.cgroup == path:
+                names = self.resolver.runtime_names.lookup(None, workload.pod_uid)  # the pod's log directory
+        return names
+
+    # --- watcher callbacks (the watcher's thread) -----------------------------------------------------------
+
+    def _added(self, path: str) -> None:
+        ino, local = self.fs.read_local_events(path)
+        if local is not None:
+            self._last_local[path] = tuple(local.get(k, 0) for k in _COUNTERS)
+        oom_group, limited = self._limits_of(path)
+        self._emit(CgroupAdded(path, ino, local, oom_group, limited, self._pids(path), self._names(path)))
+
+    def _removed(self, path: str) -> None:
+        if self.stat_cache is not None:
+            self.stat_cache.forget(path)
+        self._last_local.pop(path, None)
+        self._snapshot_at.pop(path, None)
+        self._emit(CgroupRemoved(path))
+
+    def _events(self, path: str) -> None:
+        ino, local = self.fs.read_local_events(path)
+        if local is None or ino is None:
+            return
+        if self.stat_cache is not None:
+            self.stat_cache.invalidate(path)
+        counts = tuple(local.get(k, 0) for k in _COUNTERS)
+        before = self._last_local.get(path, (0, 0, 0, 0))
+        self._last_local[path] = counts
+        moved = dict(zip(_COUNTERS, (a > b for a, b in zip(counts, before))))
+        oom_near = moved["max"] or moved["oom"] or moved["oom_kill"]
+        now = self._clock()
+        pids = None
+        if oom_near and now - self._snapshot_at.get(path, -PID_SNAPSHOT_INTERVAL) >= PID_SNAPSHOT_INTERVAL:
+            # At its limit: who is in it now is who a kill will take (the victim may be gone a moment later).
+            self._snapshot_at[path] = now
+            pids = self._subtree_pids(path)
+        if pids is None and not (moved["oom"] or moved["oom_kill"] or moved["oom_group_kill"]):
+            return  # only OOM moves matter to the pipeline
+        oom_group, limited = self._limits_of(path)
+        self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids))
+        if moved["oom_kill"]:
+            self.on_kill()
+
+    def _limits(self, path: str) -> None:
+        if self.stat_cache is not None:
+            self.stat_cache.invalidate(path)
+        oom_group, limited = self._limits_of(path)
+        self._emit(CgroupChanged(path, None, None, oom_group, limited, None))
+
+    def _populated(self, path: str) -> None:
+        """A cgroup got its first process (a container's init, its resources now set): pids and oom.group."""
+        oom_group, limited = self._limits_of(path)
+        self._emit(CgroupChanged(path, None, None, oom_group, limited, self._subtree_pids(path)))
+
+
+def cgroup_namespace_prefix(proc: Proc, own_cgroup: Optional[str]) -> Optional[str]:
+    """In a container with its own cgroup namespace, /proc/<pid>/cgroup is relative to the agent's own cgroup
+    (`/../../kubepods/…`); where our pid sits in the host tree (`own_cgroup`) gives the prefix."""
+    seen_as = proc.own_cgroup()
+    if seen_as is None or own_cgroup is None or seen_as == own_cgroup:
+        return None
+    if seen_as == "/":
+        return own_cgroup
+    if own_cgroup.endswith(seen_as):
+        return own_cgroup[: -len(seen_as)] or None
+    return None
+
+
+class ProcessSource:
+    """The proc connector's callbacks as events: forks, execs (with the cgroup /proc gives, in the host's tree)
+    and exits by a signal."""
+
+    def __init__(self, proc: Proc, emit: Emit, cgns_prefix: Optional[str] = None) -> None:
+        self.proc, self._emit, self.cgns_prefix = proc, emit, cgns_prefix
+
+    def forked(self, fork) -> None:
+        self._emit(ProcessForked(fork.parent, fork.parent_task, fork.child))
+
+    def execd(self, pid: int) -> None:
+        path = self.proc.cgroup_of(pid)
+        if path is not None and self.cgns_prefix is not None:
+            path = posixpath.normpath(self.cgns_prefix + "/" + path.lstrip("/"))
+        self._emit(ProcessExeced(pid, path))
+
+    def exited(self, process_exit) -> None:
+        self._emit(ProcessExited(process_exit.pid, process_exit.signal, process_exit.time))

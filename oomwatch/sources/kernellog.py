@@ -1,0 +1,130 @@
+"""The kernel log as an event source, whichever it is: the live /dev/kmsg (read by a child process, often started
+before the agent: oomwatch/early.py), syslog(2) where the device is refused, or a saved log replayed once.
+It emits `events.KernelLog` batches and, at its end or on a failure it cannot recover from, `KernelLogEnded`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable, Optional
+
+from oomwatch.events import KernelLog, KernelLogEnded
+from oomwatch.pump import KernelLogPump
+from oomwatch.sources.kmsg import (
+    KmsgUnavailable,
+    LiveKmsg,
+    explain_open_error,
+    is_saved_log,
+    open_kernel_log,
+    read_saved_log,
+)
+from oomwatch.sources.kmsgproc import KmsgChild
+
+log = logging.getLogger(__name__)
+
+# Items of a saved log handed to the pipeline at a time.
+REPLAY_BATCH = 512
+
+
+class KernelLogSource:
+    """`path` as --kmsg gives it; `factory` opens a live reader (tests give a stand-in for /dev/kmsg);
+    `early_pump` is one already draining /dev/kmsg. Its cursor decides where a restart resumes."""
+
+    def __init__(self, path: str, emit: Callable[[Any], None], *, factory: Optional[Callable] = None,
+                 early_pump: Optional[KernelLogPump] = None) -> None:
+        self.path, self._emit = path, emit
+        self._factory = factory
+        self._early = early_pump
+        self.saved = factory is None and is_saved_log(path)
+        self.kind: Optional[str] = None  # "kmsg" | "syslog" once a live reader is open
+        self.pump: Optional[KernelLogPump] = None
+        self.error: Optional[str] = None
+        self._replay: Optional[threading.Thread] = None
+        self.replayed = False
+
+    def open(self, cursor_for: Callable[[str], Optional[int]]) -> Optional[int]:
+        """Start reading. `cursor_for(kind)` is the saved cursor for a reader of that kind (sequence numbers of
+        /dev/kmsg and timestamps of syslog(2) do not mix). Returns the cursor up to which an adopted early
+        reader's records are already done (it read the ring from its start), else None."""
+        early, self._early = self._early, None
+        if self.saved:
+            if early is not None:
+                early.stop()
+            self._replay = threading.Thread(target=self._replay_saved_log, name="kmsg", daemon=True)
+            return None
+        if early is not None and self.path == "/dev/kmsg" and self._factory is None:
+            self.pump, self.kind = early, "kmsg"
+            early.adopt(self._emit, self._reopen)
+            return cursor_for("kmsg")
+        if early is not None:
+            early.stop()
+        try:
+            opened = open_kernel_log(self.path, cursor_for, self._factory or KmsgChild,
+                                     fallback=self._factory is None)
+        except KmsgUnavailable as exc:
+            self.error = str(exc)
+            log.error("kernel log unavailable: %s; serving cgroup metrics only", exc)
+            return None
+        if opened.fallback:
+            log.warning("%s; reading the kernel log through syslog(2) instead, woken by memory.events changes "
+                        "(and every %.0f s)", opened.fallback, opened.reader.fallback_interval)
+        self._prefilter(opened.reader)
+        self.kind = opened.source
+        self.pump = KernelLogPump(opened.reader, self._emit, reopen=self._reopen, syslog=self.kind == "syslog")
+        self.pump.start()
+        return None
+
+    def start(self) -> None:
+        """A saved log's replay starts once the rest of the agent is up."""
+        if self._replay is not None:
+            self._replay.start()
+
+    def _reopen(self, after_seq: Optional[int]):
+        opened = open_kernel_log(self.path, lambda kind: after_seq if kind == self.kind else None,
+                                 self._factory or KmsgChild, fallback=self._factory is None)
+        self._prefilter(opened.reader)
+        return opened.reader
+
+    @staticmethod
+    def _prefilter(reader: Any) -> None:
+        if isinstance(reader, LiveKmsg):
+            reader.prefilter = True  # records without OOM words are counted, not parsed
+
+    def _replay_saved_log(self) -> None:
+        """--kmsg names a saved log: its records once, then the end."""
+        batch: list = []
+        try:
+            for item in read_saved_log(self.path):
+                batch.append(item)
+                if len(batch) >= REPLAY_BATCH:
+                    self._emit(KernelLog(batch))
+                    batch = []
+        except OSError as exc:
+            self.error = explain_open_error(self.path, exc)
+            log.error("cannot read saved kernel log: %s", self.error)
+            return
+        except KmsgUnavailable as exc:
+            self.error = str(exc)
+            log.error("cannot read saved kernel log: %s", self.error)
+            return
+        self._emit(KernelLog(batch, drained_at=0.0))
+        self.replayed = True
+        self._emit(KernelLogEnded(saved=True))
+
+    def wake(self) -> None:
+        if self.pump is not None:
+            self.pump.wake()
+
+    def health(self) -> tuple[bool, str]:
+        if self.saved:
+            return self.error is None, self.error or "ok"
+        if self.pump is None:
+            return False, self.error or "not running"
+        if not self.pump.alive or self.pump.error is not None:
+            return False, self.pump.error or "kernel log reader stopped"
+        return True, "ok"
+
+    def stop(self) -> None:
+        if self.pump is not None:
+            self.pump.stop()
