@@ -142,7 +142,9 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
                     web_config_file=web_config_file, boot_time=_boot_time(boot_time))
     try:
         from oomwatch.early import take_early_pump
+        from oomwatch.process import limit_malloc_arenas
 
+        limit_malloc_arenas()  # before the agent's threads start
         code = Agent(config, early_pump=take_early_pump()).run_until_signalled()
     except OSError as exc:
         raise click.ClickException(f"cannot start: {exc}") from exc
