@@ -175,7 +175,8 @@ def reader_summary(kmsg: dict) -> str:
              + f"{text['lines']} lines read, {text['kernel_records']} kernel records understood"
              + (f" ({formats})" if formats else "")]
     if text["other_program_lines"]:
-        parts.append(f"{text['other_program_lines']} lines of other programs skipped")
+        n = text["other_program_lines"]
+        parts.append(f"{n} line{'' if n == 1 else 's'} of other programs skipped")
     if text["comment_lines"]:
         parts.append(f"{text['comment_lines']} comment line{'' if text['comment_lines'] == 1 else 's'} skipped")
     if text["unreadable_lines"]:

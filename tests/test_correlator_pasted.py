@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import pytest
+
 from oomwatch.config import Config
 from oomwatch.inspect import build_report
 
@@ -49,3 +51,33 @@ def test_before_5_1_the_kind_of_oom_comes_from_the_kill_process_line(tmp_path: P
         log.write_text("".join(f"[ 350.00000{i}] {line}\n" for i, line in enumerate(lines)))
         report = build_report(Config(kmsg=str(log), boot_time=0.0), node_view=False, clock=lambda: 0.0)
         assert [i["constraint"] for i in report["incidents"]] == [constraint], prefix
+
+
+# --- pastes from the wild that gave nothing (issue 20, item 6): fixtures/pasted/ -------------------------------
+
+PASTED = sorted(p for p in (Path(__file__).resolve().parent.parent / "fixtures" / "pasted").iterdir()
+                if p.suffix != ".md")
+# The correlator does not take `oom_reaper:` lines as evidence of a kill yet (parse.oom.OomReaped; the lead's).
+NEEDS_CORRELATOR = {"cut-before-kill-line-oom-reaper.dmesg"}
+
+
+def header(path: Path, key: str) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith(f"# {key}:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"{path.name} has no '# {key}:' line")
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.xfail(
+    strict=True, reason="the correlator must count an oom_reaper line as a kill")) if p.name in NEEDS_CORRELATOR
+    else p for p in PASTED], ids=[p.name for p in PASTED])
+def test_each_paste_gives_its_kill_with_its_cgroups(path: Path) -> None:
+    report = build_report(Config(kmsg=str(path), boot_time=0.0), node_view=False, clock=lambda: 0.0,
+                          tz=dt.timezone.utc)
+    kills = [f"{p['comm']}({p['pid']})" for inc in reversed(report["incidents"]) for p in inc["killed"]]
+    assert kills == [k.strip() for k in header(path, "kills").split(",")]
+    incident = report["incidents"][0]
+    assert incident["oom_cgroup"] == header(path, "oom_cgroup")
+    assert incident["victim"]["cgroup"] == header(path, "task_cgroup")
+    assert report["warnings"] == [] and report["kmsg"]["parse_errors"] == 0
+    assert report["kmsg"]["text"]["other_program_lines"] == (1 if "verbose" in path.name else 0)

@@ -287,3 +287,43 @@ def test_live_reader_counts_an_overrun_from_the_sequence_gap_and_keeps_reading(m
     assert [type(i).__name__ for i in items] == ["KmsgRecord", "Lost", "KmsgRecord", "KmsgRecord"]
     assert items[1].count == 4 and items[2].text == "after the gap"
     assert script == [], "it read on past the overrun to the end"
+
+
+# --- issue 20, items 5 and 6 ----------------------------------------------------------------------------------
+
+def test_kernel_lines_with_colons_and_brackets_are_not_other_programs() -> None:
+    """`[0.142496] x86/fpu: xstate_offset[2]: 576` read as host `x86/fpu:` and program `xstate_offset`."""
+    stats = TextLogStats()
+    records = list(parse_text_log([b"[    0.142496] x86/fpu: xstate_offset[2]:  576, xstate_sizes[2]:  256\n",
+                                   b"[    1.000000] node-1 kubelet[811]: started\n"], stats=stats))
+    assert [r.text for r in records] == ["x86/fpu: xstate_offset[2]:  576, xstate_sizes[2]:  256"]
+    assert stats.other == 1
+
+
+@pytest.mark.parametrize("line,wall", [
+    ("[dim. 19 avril 18:03:30 2026] text", dt.datetime(2026, 4, 19, 18, 3, 30)),
+    ("[So Apr 19 18:03:30 2026] text", dt.datetime(2026, 4, 19, 18, 3, 30)),
+    ("[dom 19 abr 18:03:30 2026] text", dt.datetime(2026, 4, 19, 18, 3, 30)),
+    ("[mar. déc.  1 08:00:00 2026] text", dt.datetime(2026, 12, 1, 8, 0, 0)),
+    ("[xyz 19 qqq 18:03:30 2026] text", None),  # a month not known: read, time unknown
+])
+def test_dmesg_T_in_other_languages_is_read(line: str, wall) -> None:
+    stats = TextLogStats()
+    records = list(parse_text_log([line.encode()], tz=dt.timezone.utc, stats=stats))
+    assert [r.text for r in records] == ["text"] and stats.formats == {"dmesg -T": 1} and stats.garbled == 0
+    expected = None if wall is None else wall.replace(tzinfo=dt.timezone.utc).timestamp()
+    assert records[0].wall_time == expected
+
+
+def test_journalctl_verbose_entries_are_records() -> None:
+    text = (b"Sun 2026-04-19 20:03:30.441000 CEST [s=5a1b;i=1f30;b=8e2c;m=1afd7ba30;t=64fd3ffe95b28;x=8c1d]\n"
+            b"    _TRANSPORT=kernel\n    PRIORITY=3\n    SYSLOG_IDENTIFIER=kernel\n"
+            b"    _SOURCE_MONOTONIC_TIMESTAMP=7245118000\n    MESSAGE=Memory cgroup out of memory: Killed process\n"
+            b"    _HOSTNAME=node\n"
+            b"Sun 2026-04-19 20:03:30.441009 CEST [s=5a1b;i=1f31;b=8e2c;m=1afd7ba39;t=64fd3ffe95b31;x=8c1e]\n"
+            b"    _TRANSPORT=stdout\n    SYSLOG_IDENTIFIER=kubelet\n    MESSAGE=I0419 sync\n")
+    stats = TextLogStats()
+    records = list(parse_text_log(io.BytesIO(text), stats=stats))
+    assert [(r.priority, r.usec, r.text, r.wall_time) for r in records] == [
+        (3, 7245118000, "Memory cgroup out of memory: Killed process", 0x64fd3ffe95b28 / 1e6)]
+    assert stats.formats == {"journal verbose": 1} and stats.other == 1

@@ -187,3 +187,38 @@ def test_oom_kill_allocating_task_kill_is_read() -> None:
     constraint the incident gets is the correlator's (tests/pending_correlator_cases.py)."""
     ((kind, _, _, killed),) = kills_and_cgroups(CAPTURES / "documented-3.10-oom-kill-allocating-task.dmesg")
     assert (kind, killed) == ("single", [(2291, "stress", None, None)])
+
+
+# --- issue 20, item 6: lines pasted from the wild ----------------------------------------------------------
+
+def test_the_oom_reaper_line_names_a_killed_process() -> None:
+    from oomwatch.parse.oom import OomReaped
+
+    line = "oom_reaper: reaped process 1811 (stress-ng), now anon-rss:0kB, file-rss:0kB, shmem-rss:0kB"
+    assert parse_oom_line(line) == OomReaped(pid=1811, comm="stress-ng")
+    assert parse_oom_line("oom_reaper: started") is None
+
+
+def test_a_summary_without_constraint_and_nodemask_keeps_its_cgroups() -> None:
+    line = parse_oom_line("oom-kill:,cpuset=docker-1.scope,mems_allowed=0,oom_memcg=/docker/1,task_memcg=/docker/1/a,"
+                          "task=java,pid=12,uid=0")
+    assert (line.constraint, line.oom_cgroup, line.task_cgroup, line.comm, line.pid) == (
+        "memcg", "/docker/1", "/docker/1/a", "java", 12)
+
+
+@pytest.mark.parametrize("width", [60, 80, 132])
+def test_a_line_a_terminal_wrapped_and_a_paste_rejoined_with_spaces_is_read(width: int) -> None:
+    """Each row padded to the terminal's width and joined with the next: runs of spaces inside words and
+    numbers, and where the break fell on a real space, a run that stands for one."""
+    cg = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod7f3c.slice/cri-containerd-9e8d.scope"
+    summary = (f"oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,oom_memcg={cg},"
+               f"task_memcg={cg},task=python3,pid=4242,uid=1000")
+    kill = ("Memory cgroup out of memory: Killed process 4242 (python3) total-vm:1262148kB, anon-rss:521764kB, "
+            "file-rss:11432kB, shmem-rss:0kB, UID:1000 pgtables:1264kB oom_score_adj:937")
+    for line in (summary, kill):
+        full = "[ 5512.301190] " + line
+        rows = [full[i:i + width].rstrip(" ") for i in range(0, len(full), width)]
+        pasted = "     ".join(rows)[len("[ 5512.301190] "):]
+        assert "  " in pasted
+        assert parse_oom_line(pasted) == parse_oom_line(line), pasted
+    assert parse_oom_line("Killed process 1 (a)      b) total-vm:") is None

@@ -102,8 +102,11 @@ _KERNEL_LINE = re.compile(rf"^(?:<(?P<spri>\d{{1,3}})>)?{_STAMP}(?: (?P<host>\S{
                           r"?(?P<rest>.*)$", re.S)
 # The same wrapper around another program's line (an unfiltered syslog or journal). After a monotonic stamp
 # only `host name[pid]:` counts: `[ 1.2] usb 1-1: new device` and `[ 1.2] systemd[1]: …` are plain dmesg lines.
+# A host name is letters, digits, dots, hyphens, underscores: `[ 0.14] x86/fpu: xstate_offset[2]: 576` is the
+# kernel's, not a program `xstate_offset` on a host `x86/fpu:`.
+_HOST = r"[\w.-]{0,255}"
 _OTHER_LINE = re.compile(rf"^(?:(?:<\d{{1,3}}>)?(?:{_BSD}|{_ISO}|{_FULL}|{_UNIX}) \S{{0,255}} ?[^\s:\[\]]{{1,128}}"
-                         rf"(?:\[\d{{1,10}}\])?|{_MONO} \S{{0,255}} [^\s:\[\]]{{1,128}}\[\d{{1,10}}\]): ")
+                         rf"(?:\[\d{{1,10}}\])?|{_MONO} {_HOST} [^\s:\[\]]{{1,128}}\[\d{{1,10}}\]): ")
 # RFC 5424: `<PRI>1 TIMESTAMP HOST APP PROCID MSGID SD [MSG]`
 _RFC5424 = re.compile(r"^<(?P<pri>\d{1,3})>1 (?P<ts>\S{1,64}) \S{1,255} (?P<app>\S{1,48}) \S{1,128} \S{1,32} "
                       r"(?P<sd>-|(?:\[(?:[^\]\\]|\\.){0,4096}\]){1,16}) ?(?P<rest>.*)$", re.S)
@@ -115,14 +118,40 @@ _DMESG = re.compile(
     r"\[(?P<human>(?P<hwd>[A-Z][a-z]{2}) (?P<hmon>[A-Z][a-z]{2}) {1,2}(?P<hday>\d{1,2}) "
     r"(?P<hhms>\d\d:\d\d:\d\d) (?P<hyear>\d{4}))\])?"
     r"(?: ?\[ *(?P<caller>[TC]\d{1,10})\])? ?(?P<text>.*)$", re.S)
+# `dmesg -T` in another language: `[dim. 19 avril 18:03:30 2026]`, `[So Apr 19 18:03:30 2026]`; the weekday
+# is ignored, the month looked up in _LOCAL_MONTHS (an unknown one leaves the time unknown, the line read).
+_WORD = r"[^\W\d_]{2,12}\.?"
+_DMESG_LOCAL = re.compile(rf"^\[{_WORD} (?:(?P<mon1>{_WORD}) {{1,2}}(?P<day1>\d{{1,2}})|(?P<day2>\d{{1,2}})\.? (?P<mon2>{_WORD})) "
+                          r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\] ?(?P<text>.*)$", re.S)
+_LOCAL_MONTHS = {name: i for i, names in enumerate((
+    "jan janv janvier januar jän jänner ene enero gen gennaio janeiro januari sty",
+    "feb févr fevr février februar febr febrero febbraio fev fevereiro februari lut",
+    "mar mars märz mär mrz marzo mrt maart março marco maa",
+    "apr avr avril april abr abril aprile kwi",
+    "may mai mayo mag maggio mei maj",
+    "jun juin juni junio giu giugno junho cze",
+    "jul juil juillet juli julio lug luglio julho lip",
+    "aug août aout august ago agosto augustus sie",
+    "sep sept septembre september septiembre set settembre setembro wrz",
+    "oct okt octobre oktober octubre ott ottobre out outubro paź",
+    "nov novembre november noviembre novembro lis",
+    "dec déc décembre dez dezember dic diciembre dicembre dezembro december gru"), start=1)
+    for name in names.split()}
 _DMESG_ISO = re.compile(rf"^{_ISO} (?P<text>.*)$", re.S)  # dmesg --time-format iso
 _ISO_ONLY = re.compile(rf"^{_ISO}$")
 _RAW = re.compile(r"^\d{1,20},\d{1,20},\d{1,20},[^;]{0,256};")
 # The commonest line, plain `dmesg` (`[  139.201253] text`), read with one regex; the lookaheads leave a caller id
 # and `journalctl -o short-monotonic` (`[ts] host kernel: …`) to the full path.
 _PLAIN_DMESG = re.compile(rb"\[ *(\d{1,11})\.(\d{1,9})\] (?!\[ *[TC]\d)(?!\S{0,255} kernel(?:\[\d{1,10}\])?: )"
-                          rb"(?!\S{0,255} [^\s:\[\]]{1,128}\[\d{1,10}\]: )")
+                          rb"(?![\w.-]{0,255} [^\s:\[\]]{1,128}\[\d{1,10}\]: )")
 _RAW_FIELD = re.compile(rb"^ [A-Za-z0-9_.-]{1,64}=")
+# `journalctl -o verbose`: a head line (the date, then the entry's cursor, whose `t=` is its realtime in hex
+# microseconds), then its fields indented, `    MESSAGE=…`.
+_VERBOSE_HEAD = re.compile(rb"^(?:\S{1,16} )?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})? \S{1,64} "
+                           rb"\[s=[0-9a-f]{1,64};i=[0-9a-f]{1,16};b=[0-9a-f]{1,64};m=[0-9a-f]{1,16};"
+                           rb"t=(?P<t>[0-9a-f]{1,16});x=[0-9a-f]{1,64}\]$")
+_VERBOSE_FIELD = re.compile(rb"^(?P<key>[A-Z0-9_]{1,64})=(?P<value>.*)$", re.S)
+_VERBOSE_KEPT = (b"MESSAGE", b"_TRANSPORT", b"SYSLOG_IDENTIFIER", b"PRIORITY", b"_SOURCE_MONOTONIC_TIMESTAMP")
 _UTC_NAMES = ("UTC", "GMT", "Z")
 
 
@@ -266,6 +295,12 @@ def _inner(text: str, clock: _Clock) -> tuple[str, int, Optional[int], Optional[
             return "dmesg -T", priority, None, None, m.group("text"), False
         fmt = "dmesg -T"
     elif pri is None and lvl is None and m.group("caller") is None:
+        local = _DMESG_LOCAL.match(text) if text.startswith("[") else None
+        if local is not None:
+            mon = _LOCAL_MONTHS.get((local.group("mon1") or local.group("mon2")).rstrip(".").lower())
+            day = int(local.group("day1") or local.group("day2"))
+            wall = None if mon is None else clock.epoch(int(local.group("year")), mon, day, local.group("hms"), None)
+            return "dmesg -T", priority, None, wall, local.group("text"), True
         return "bare", priority, None, None, text, True
     return fmt, priority, usec, wall, m.group("text"), True
 
@@ -558,6 +593,7 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
     clock = _Clock(tz=tz, year=year, now=now if now is not None else _dt.datetime.now().timestamp())
     pending: Optional[bytearray] = None
     prefixed_indent: Optional[int] = None  # indentation of the last line that had a prefix
+    entry: Optional[dict[bytes, bytes]] = None  # the `journalctl -o verbose` entry being read
     for raw_line in _bounded_lines(lines, stats):
         if b"\x00" in raw_line:  # a NUL ending each line would hide every line's prefix
             raw_line = raw_line.replace(b"\x00", b"")
@@ -576,6 +612,21 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
             continue
         stats.lines += 1
         indent = len(line_bytes) - len(body)
+        if entry is not None:
+            field_match = _VERBOSE_FIELD.match(body) if indent else None
+            if field_match is not None:
+                if field_match["key"] in _VERBOSE_KEPT:
+                    entry[field_match["key"]] = field_match["value"]
+                continue
+            record = _verbose_record(entry, stats)
+            entry = None
+            if record is not None:
+                yield record
+        if b" [s=" in body:
+            head = _VERBOSE_HEAD.match(body)
+            if head is not None:
+                entry = {b"t": head["t"]}
+                continue
         if body.startswith(b"#"):
             if body.startswith(b"#EPIPE"):
                 yield KmsgRecord(priority=LOST_MARKER, seq=None, usec=None, text="#EPIPE")
@@ -616,6 +667,27 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
         yield record
     if pending is not None:
         yield _raw_or_garbled(bytes(pending), stats)
+    if entry is not None:
+        record = _verbose_record(entry, stats)
+        if record is not None:
+            yield record
+
+
+def _verbose_record(entry: dict[bytes, bytes], stats: TextLogStats) -> Optional[KmsgRecord]:
+    """A `journalctl -o verbose` entry: a record when the kernel wrote it, else counted as another program's."""
+    if entry.get(b"_TRANSPORT") != b"kernel" and entry.get(b"SYSLOG_IDENTIFIER") != b"kernel":
+        stats.other += 1
+        return None
+    message = entry.get(b"MESSAGE")
+    if message is None:
+        stats.bad("journal verbose entry without MESSAGE")
+        return None
+    mono, priority = entry.get(b"_SOURCE_MONOTONIC_TIMESTAMP", b""), entry.get(b"PRIORITY", b"")
+    stats.count("journal verbose")
+    return KmsgRecord(
+        priority=int(priority) if priority.isdigit() and int(priority) <= 7 else _DEFAULT_PRIORITY, seq=None,
+        usec=int(mono) if mono.isdigit() and len(mono) <= 19 and int(mono) <= MAX_USEC else None,
+        text=message.decode("utf-8", "backslashreplace").rstrip(), wall_time=int(entry[b"t"], 16) / 1e6)
 
 
 def _raw_or_garbled(raw: bytes, stats: TextLogStats) -> KmsgRecord:

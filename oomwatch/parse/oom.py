@@ -10,7 +10,9 @@ Formats (docs/kernel-facts.md): 3.10 `Killed process … file-rss:NkB` (no shmem
 from __future__ import annotations
 
 import re
-from typing import Optional
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Optional, Union
 
 from oomwatch.model import (
     KIB,
@@ -46,7 +48,9 @@ _USAGE = re.compile(rf"^memory: usage (?P<usage>{_NUM})kB, limit (?P<limit>{_NUM
 # The tail of the `oom-kill:` summary; the head holds nodemask/cpuset/mems_allowed lists that may contain commas,
 # so the cgroups are cut out from the right (see _summary).
 _SUMMARY_TAIL = re.compile(rf",task={_COMM},pid=(?P<pid>{_NUM}),uid=(?P<uid>{_NUM})$", re.S)
-_SUMMARY_HEAD = re.compile(r"^oom-kill:(?:constraint=CONSTRAINT_(?P<constraint>[A-Z_]{1,20}),)?nodemask=")
+# Some vendor kernels print the summary without constraint and nodemask, its list starting with a comma
+# (`oom-kill:,cpuset=…`).
+_SUMMARY_HEAD = re.compile(r"^oom-kill:(?:constraint=CONSTRAINT_(?P<constraint>[A-Z_]{1,20}),)?(?:nodemask=|,cpuset=)")
 # Killed process: 3.10 `Killed process P (comm) total-vm:NkB, anon-rss:NkB, file-rss:NkB`; RHEL 7 adds
 # `, UID U,` after the comm (RHEL 6, 2.6.32: `Killed process P, UID U, (comm) …`); 4.6+ `, shmem-rss:NkB`; 5.1+ the prefix; 5.4+ `, UID:U pgtables:NkB oom_score_adj:N`.
 _KILLED = re.compile(
@@ -59,6 +63,9 @@ _SELECTED = re.compile(rf"^{_PREFIX}: Kill process (?P<pid>{_NUM}) \({_COMM}\) s
                        r"or sacrifice child$", re.S)
 _EXITING = re.compile(rf"^{_PREFIX}: OOM victim (?P<pid>{_NUM}) \({_COMM}\) is already exiting\. "
                       r"Skip killing the task$", re.S)
+# mm/oom_kill.c oom_reap_task_mm (4.6+): `oom_reaper: reaped process P (comm), now anon-rss:NkB, …`. The reaper
+# only reaps OOM victims: the line proves a kill whose `Killed process` line may be missing (a cut paste).
+_REAPED = re.compile(rf"^oom_reaper: reaped process (?P<pid>{_NUM}) \({_COMM}\), now anon-rss:", re.S)
 _GROUP_HEAD, _GROUP_TAIL = "Tasks in ", " are going to be killed due to memory.oom.group set"
 _TASK_IN_HEAD, _TASK_IN_MID = "Task in ", " killed as a result of limit of "
 # Only the OOM killer's own ratelimit: other subsystems print the same words.
@@ -72,6 +79,16 @@ _CONSTRAINTS = {"NONE": "global", "MEMCG": "memcg", "CPUSET": "cpuset", "MEMORY_
 _UNLIMITED_KB = 1 << 52
 
 
+@dataclass(frozen=True)
+class OomReaped:
+    """`oom_reaper: reaped process P (comm), now anon-rss:…`: the reaper freed an OOM victim's memory, so
+    that process was OOM-killed (its kill line may be missing from a cut paste). Sizes are those after
+    reaping, not the victim's: not kept. (Here, not in oomwatch.model, until the correlator reads it.)"""
+
+    pid: int
+    comm: str
+
+
 def oom_kind_of(prefix: Optional[str]) -> str:
     if prefix is None:
         return "unknown"
@@ -83,7 +100,8 @@ def _kb(value: Optional[str]) -> Optional[int]:
 
 
 def _cgroup(path: str) -> Optional[str]:
-    return path if 0 < len(path) <= MAX_PATH else None
+    # A run of spaces in a path is a terminal's wrap re-joined (parse_oom_line reads the line again).
+    return path if 0 < len(path) <= MAX_PATH and "  " not in path else None
 
 
 def _summary(text: str) -> Optional[OomSummary]:
@@ -125,10 +143,55 @@ def _killed(m: re.Match) -> OomKilled:
         pgtables_bytes=None if pgt is None else int(pgt) * KIB, oom_score_adj=None if adj is None else int(adj))
 
 
-def parse_oom_line(text: str) -> Optional[OomLine]:
+# Where the OOM lines begin (a cheap test before trying to re-join a wrapped one).
+_OOM_START = re.compile(r"(?:Memory cgroup out of memory|Out of memory|Killed process|oom-kill:|Tasks? in |"
+                        r"memory: usage |oom_reaper: |\S{1,64} invoked oom-killer)")
+_SPACE_RUN = re.compile(r" {2,}")
+MAX_REJOINS = 6  # every reading is tried up to this many breaks in a line (2^6)
+MAX_WRAPS = 64  # a line of more breaks is no wrapped kernel line
+
+
+def parse_oom_line(text: str) -> Optional[Union[OomLine, OomReaped]]:
     """One kernel log line → an OOM value, or None when the line is not part of an OOM report.
 
-    Cheap first-character tests keep the common case (any other kernel line) fast."""
+    A line a terminal wrapped at its width and a paste re-joined with runs of spaces (`task_memcg=/kubepods/bur
+    stable/…`, `anon-rss:654      32kB`) is read again with each run removed or made one space, fewest spaces
+    first. Cheap first-character tests keep the common case (any other kernel line) fast."""
+    line = _parse_oom_line(text)
+    if text and "  " in text and _OOM_START.match(text):
+        if line is None or (type(line) is OomKilled and not _KILLED.fullmatch(text.rstrip())):
+            # Not read, or a kill line read only up to a break (its optional fields after it lost).
+            return _rejoined(text.rstrip()) or line
+    return line
+
+
+def _rejoined(text: str) -> Optional[Union[OomLine, OomReaped]]:
+    """The line with each run of spaces removed (a break inside a word) or made one space (a break at a
+    space). A terminal breaks every W columns, so a piece between two runs is W long, or W-1 when the space
+    at its end went into the run: that reading is tried first; then, for a few runs, every other reading."""
+    runs = list(_SPACE_RUN.finditer(text))
+    if not runs or len(runs) > MAX_WRAPS:
+        return None
+    starts = [0] + [r.end() for r in runs]
+    ends = [r.start() for r in runs] + [len(text)]
+    lengths = [end - start for start, end in zip(starts, ends)]
+    width = max(lengths[1:-1], default=None)  # the first piece is shorter by the prefix the log stripped
+    at_space = {i for i in range(1, len(runs)) if width is not None and lengths[i] == width - 1}
+    readings: list[set[int]] = [at_space, at_space | {0}]
+    if len(runs) <= MAX_REJOINS:
+        readings += [set(keep) for spaced in range(len(runs) + 1) for keep in combinations(range(len(runs)), spaced)]
+    for keep in readings:
+        parts, at = [], 0
+        for i, run in enumerate(runs):
+            parts += [text[at:run.start()], " " if i in keep else ""]
+            at = run.end()
+        line = _parse_oom_line("".join(parts) + text[at:])
+        if line is not None:
+            return line
+    return None
+
+
+def _parse_oom_line(text: str) -> Optional[Union[OomLine, OomReaped]]:
     if not text:
         return None
     text = text.rstrip()
@@ -176,6 +239,9 @@ def parse_oom_line(text: str) -> Optional[OomLine]:
         if m and 0 < len(comm) <= 64:
             return OomInvoked(comm=comm, gfp_mask=m["gfp"], order=int(m["order"]), oom_score_adj=int(m["adj"]))
         return None
+    if text.startswith("oom_reaper: "):
+        m = _REAPED.match(text)
+        return OomReaped(pid=int(m["pid"]), comm=m["comm"]) if m else None
     if text.endswith("callbacks suppressed"):
         m = _SUPPRESSED.match(text)
         return OomSuppressed(function=m["fn"], count=int(m["n"])) if m else None

@@ -16,7 +16,7 @@ from typing import Optional
 # middle (`<comm> invoked oom-killer: `) is looked for with a substring search, several times faster than a
 # regex scanning the line. Stack frames such as ` oom_kill_process+0x…` do not pass.
 _OOM_LINE_START = (rb"Memory cgroup out of memory|Out of memory|Killed process|oom-kill:|Tasks? in |"
-                   rb"memory: usage |CPU: \d+ (?:UID: \d+ )?PID:|"
+                   rb"memory: usage |oom_reaper: reaped |CPU: \d+ (?:UID: \d+ )?PID:|"
                    rb"(?:oom_kill_process|dump_header|out_of_memory): \d+ callbacks")
 _INVOKED = b" invoked oom-killer: "
 # The reader needs, for every record of a storm, its sequence number and whether its text may be an OOM line:
