@@ -91,6 +91,28 @@ def _explain(incident: Incident, single_process_oom_kill: str) -> str:
         else:
             group_note = f"memory.oom.group=1 on {on} was set, but no other process was left to kill"
 
+    if (incident.trigger or {}).get("order") == -1:
+        # order=-1: no allocation failed; sysrq-f (`echo f > /proc/sysrq-trigger`) asked for one kill.
+        sentence = (f"A manual OOM kill (sysrq f: `echo f > /proc/sysrq-trigger` or Alt+SysRq+F), not a "
+                    f"shortage: the kernel chose {_proc(victim)} of {who}")
+        sentence += f", and {group_note}." if group_note else "."
+        return sentence + " Find who triggered it (nothing needs more memory because of it)."
+    if incident.constraint == "cpuset":
+        sentence = (f"The memory nodes {who}'s cpuset allows (cpuset.mems) ran out, not the whole node and no "
+                    f"cgroup limit; the kernel chose {_proc(victim)}")
+        sentence += f", and {group_note}." if group_note else "."
+        return sentence + " Give the cpuset more memory nodes or lower what runs in it."
+    if incident.constraint == "mempolicy":
+        sentence = (f"The NUMA nodes {_proc(victim)}'s memory policy binds it to (mbind, set_mempolicy, "
+                    f"numactl --membind) ran out, not the whole node and no cgroup limit; the kernel chose "
+                    f"{_proc(victim)} of {who}")
+        sentence += f", and {group_note}." if group_note else "."
+        return sentence + " Widen the memory policy or lower the usage on those nodes."
+    if incident.constraint == "unknown":
+        sentence = (f"{_proc(victim)} of {who} was killed by the OOM killer; the log does not say whether a cgroup "
+                    "limit was hit or the node ran out of memory")
+        sentence += f", and {group_note}." if group_note else "."
+        return sentence
     level = kubepods_level(incident.oom_cgroup) if incident.oom_cgroup else None
     if incident.constraint != "memcg" or incident.scope == "node" and level is None:
         sentence = (f"The node ran out of memory (no cgroup limit was hit); the kernel chose {_proc(victim)} of "

@@ -124,6 +124,8 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
     stats = correlator.stats
     health["records"] = stats.records
     health["parse_errors"] += stats.parse_errors
+    if stats.parse_errors:  # lines with OOM words the OOM parser could not read
+        health["oom_lines_unread"] = stats.parse_errors
     health["first_parse_error"] = first_error
     health["suppressed_reports"] = stats.suppressed_reports
     health["oom_reports"] = found
@@ -195,8 +197,12 @@ def reader_warnings(kmsg: Optional[dict]) -> list[str]:
                         + (f" (first line not understood: {text['first_unreadable']!r})"
                            if text.get("first_unreadable") else ""))
     elif kmsg.get("parse_errors"):
-        warnings.append(f"{kmsg['parse_errors']} lines could not be read; first: {kmsg['first_parse_error']!r}")
-    if text and not kmsg.get("oom_reports") and text["formats"].get("bare", 0) == text["kernel_records"] > 0:
+        n, oom = kmsg["parse_errors"], kmsg.get("oom_lines_unread", 0)
+        warnings.append(f"{n} line{'' if n == 1 else 's'} could not be read"
+                        + (f" ({oom} of them {'looks' if oom == 1 else 'look'} like OOM killer lines)" if oom else "")
+                        + f"; first: {kmsg['first_parse_error']!r}")
+    if (text and not kmsg.get("oom_reports") and not kmsg.get("oom_lines_unread")
+            and text["formats"].get("bare", 0) == text["kernel_records"] > 0):
         warnings.append("no line has a kernel log prefix (dmesg, journalctl, syslog), and none is an OOM line: "
                         "is this a kernel log?")
     if text.get("cut_lines"):

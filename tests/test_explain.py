@@ -92,3 +92,29 @@ def test_many_collateral_processes_are_summarised() -> None:
 def test_sizes() -> None:
     assert [size(64 * MIB), size(1.5 * (1 << 30)), size(None), size(float("inf"))] == ["64 MiB", "1.5 GiB", "?",
                                                                                         "unlimited"]
+
+
+# --- issue 20, item 4: the explanation names what the log says -------------------------------------------------
+
+def test_a_manual_sysrq_oom_is_not_called_a_shortage() -> None:
+    """`sysrq: Manual OOM execution` (order=-1) was explained as "The node ran out of memory … Reserve memory"."""
+    text = explain(incident(kind="single", scope="node", oom="/", group=None, constraint="global", limit=None,
+                            killed=(proc(812, "postgres", "/system.slice/postgresql.service"),),
+                            trigger={"pid": 31, "comm": "kworker/0:1", "order": -1}))
+    assert text.startswith("A manual OOM kill (sysrq f")
+    assert "postgres (pid 812) of postgresql.service" in text
+    assert "ran out" not in text and "Reserve memory" not in text
+
+
+def test_cpuset_and_mempolicy_ooms_name_their_constraint() -> None:
+    cpuset = explain(incident(kind="single", scope="node", oom="/", group=None, constraint="cpuset", limit=None))
+    assert cpuset.startswith("The memory nodes ml/train-0 trainer's cpuset allows (cpuset.mems) ran out")
+    assert "The node ran out" not in cpuset
+    policy = explain(incident(kind="single", scope="node", oom="/", group=None, constraint="mempolicy", limit=None))
+    assert policy.startswith("The NUMA nodes dd (pid 138)'s memory policy binds it to")
+    assert "The node ran out" not in policy
+
+
+def test_an_unknown_constraint_says_the_log_does_not_say() -> None:
+    text = explain(incident(kind="single", scope="cgroup", oom=None, group=None, constraint="unknown", limit=None))
+    assert "the log does not say whether a cgroup limit was hit or the node ran out of memory" in text
