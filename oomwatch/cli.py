@@ -184,7 +184,9 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
 
     Every run says how many kernel-log records it read and understood and how many OOM reports it found;
     input it could not read is a warning on stderr (with the first such line), an empty or unreadable log an
-    error (exit 1).
+    error (exit 1), as is what cannot be a kernel log: binary data, a directory, a socket, a device other than
+    /dev/kmsg, a FIFO nothing is written to within 10 s. gzip, xz and bzip2 logs are decompressed, UTF-16 is
+    read, NULs and CR line ends are removed.
     """
     import os
 

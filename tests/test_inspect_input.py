@@ -224,3 +224,8 @@ def test_names_with_spaces_and_commands_stay_on_one_line() -> None:
         assert any("ml/train-0 trainer" in line for line in lines), width
         assert any("`journalctl -k -b -1 | oomwatch inspect --kmsg -`" in line for line in lines), width
         assert " ".join(" ".join(lines).split()) == text
+
+
+def test_help_says_what_is_refused_and_decoded() -> None:
+    out = " ".join(inspect_cli("--help").stdout.split())
+    assert "a device other than /dev/kmsg" in out and "gzip, xz and bzip2 logs are decompressed" in out
