@@ -6,9 +6,12 @@ nothing, never an exception. Parsing is in oomwatch/parse/cgroup.py.
 
 from __future__ import annotations
 
+import errno
+import itertools
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable, Iterator, Optional
 
 from oomwatch.model import CgroupStats
@@ -98,8 +101,9 @@ class CgroupFS:
             self.count_parse_error(file, text, malformed)
         return values
 
-    def walk(self) -> Iterator[str]:
-        """Every cgroup below the root, parents before children."""
+    def walk(self, on_error: Optional[Callable[[str, OSError], None]] = None) -> Iterator[str]:
+        """Every cgroup below the root, parents before children. A directory that cannot be listed is yielded
+        without its children; `on_error(path, error)` hears of it unless it is simply gone (ENOENT)."""
         stack = ["/"]
         while stack:
             path = stack.pop()
@@ -107,7 +111,9 @@ class CgroupFS:
             try:
                 with os.scandir(self.abspath(path)) as it:
                     children = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
-            except OSError:
+            except OSError as exc:
+                if on_error is not None and not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+                    on_error(path, exc)
                 continue
             prefix = "" if path == "/" else path
             stack.extend(f"{prefix}/{name}" for name in reversed(children))
@@ -231,6 +237,23 @@ class Proc:
 
 CgroupCallback = Callable[[str], None]
 
+# What is watched in each cgroup: its directory (children come and go) and four files.
+_DIR, _EVENTS, _POPULATED, _MAX, _GROUP = range(5)
+_FILES = ((_EVENTS, "memory.events"), (_POPULATED, "cgroup.events"), (_MAX, "memory.max"),
+          (_GROUP, "memory.oom.group"))
+_FILE_NAMES = dict(_FILES)
+_SIGNALLED = (1 << _EVENTS) | (1 << _MAX) | (1 << _GROUP)  # files a scrape keeps until inotify says they moved
+# add_watch errors that mean "out of inotify watches" (ENOMEM: the kernel could not allocate one) and "this agent
+# may not read it" (a non-root agent, a mode-000 directory or file). Anything else but ENOENT counts as the latter.
+_STARVED_ERRNOS = (errno.ENOSPC, errno.ENOMEM)
+_GONE_ERRNOS = (errno.ENOENT, errno.ENOTDIR)
+# While part of the tree cannot be watched, its directories are listed this often: new and removed cgroups under
+# them are found late, not never.
+UNWATCHED_RESCAN_SECONDS = 30.0
+MAX_USER_WATCHES = "/proc/sys/fs/inotify/max_user_watches"
+# Inside a user namespace (a container's, on some runtimes) the binding limit can be this one instead.
+USER_NS_MAX_WATCHES = "/proc/sys/user/max_inotify_watches"
+
 
 class CgroupWatcher:
     """inotify on every cgroup directory (new and removed children), every `memory.events` and every
@@ -238,114 +261,207 @@ class CgroupWatcher:
     gets its first process or loses its last). Blocks in read(): no rescans, no work while nothing happens.
 
     Callbacks run on the watcher thread: `on_added(path)`, `on_removed(path)`, `on_events(path)`,
-    `on_populated(path)`."""
+    `on_populated(path)`.
+
+    A cgroup whose watches cannot all be placed is still reported (on_added) and kept in `known()`: out of
+    inotify watches (`fs.inotify.max_user_watches`) or unreadable to this agent. `blind` says why for /healthz
+    (None while every cgroup is watched); `unwatched_counts()` gives the numbers for a metric; the log says it
+    once when it starts and once when it ends. `unwatched_limits` holds the cgroups whose memory.events,
+    memory.max or memory.oom.group is not watched (a scrape reads those every time). While directories are
+    unwatched they are listed every UNWATCHED_RESCAN_SECONDS, and watches freed by removed cgroups are used
+    for them again. Removal costs what is removed, not what is watched (a children index)."""
 
     def __init__(self, fs: CgroupFS, *, on_added: CgroupCallback, on_removed: CgroupCallback,
-                 on_events: CgroupCallback, on_populated: CgroupCallback = lambda path: None) -> None:
+                 on_events: CgroupCallback, on_populated: CgroupCallback = lambda path: None,
+                 inotify: Any = None, max_user_watches: str = MAX_USER_WATCHES) -> None:
         import inotify_simple  # imported here: inspect and offline analysis never need it
 
-        self._inotify_simple = inotify_simple
+        self._flags = inotify_simple.flags
         self.fs = fs
         self.on_added, self.on_removed, self.on_events = on_added, on_removed, on_events
         # memory.max or memory.oom.group written (a runtime setting a container's limits): IN_MODIFY through the
-        # VFS. Paths whose limit files could not be watched (max_user_watches) are kept in `unwatched_limits`.
+        # VFS. Paths whose signalled files could not be watched are kept in `unwatched_limits` (same set object
+        # for the life of the watcher: the scrape holds it).
         self.on_limits: CgroupCallback = lambda path: None
         self.on_resync: Callable[[], None] = lambda: None
-        self._wd_limits: dict[int, str] = {}
-        self._limits_wds: dict[str, list[int]] = {}
-        self.unwatched_limits: set[str] = set()
         self.on_populated = on_populated
-        self._wd_populated: dict[int, str] = {}
-        self._populated_wd: dict[str, int] = {}
-        self._inotify = inotify_simple.INotify()
-        self._wd_dir: dict[int, str] = {}
-        self._wd_events: dict[int, str] = {}
-        self._dir_wd: dict[str, int] = {}
-        self._events_wd: dict[str, int] = {}
+        self.unwatched_limits: set[str] = set()
+        self._inotify = inotify if inotify is not None else inotify_simple.INotify()
+        self._max_user_watches = max_user_watches
+        self._known: dict[str, None] = {}  # every cgroup reported, in the order found (parents first)
+        self._children: dict[str, set[str]] = {}  # only cgroups that have children
+        self._wd: dict[int, tuple[int, str]] = {}  # wd -> (what, cgroup)
+        self._wds: dict[str, list[int]] = {}  # cgroup -> its wds
+        self._missing: dict[str, int] = {}  # cgroup -> bits of what is not watched
+        self._unwatched_dirs: set[str] = set()  # cgroups whose directory is not watched (listed instead)
+        self._starved: set[str] = set()  # cgroups with a watch refused for want of inotify watches
+        self._unreadable: dict[str, str] = {}  # cgroup -> what of it could not be read or watched
+        self._freed = False  # watches went away (cgroups removed) since the last retry
+        self._said: tuple[bool, bool] = (False, False)  # (starved, unreadable) as last logged
         self._stop_r, self._stop_w = os.pipe()
         self.error: Optional[str] = None
         self.alive = False
         self.callback_errors = 0  # callbacks that raised: logged with their cgroup, the watcher goes on
+        self.watch_errors = 0  # add_watch calls refused for want of watches (a counter for a metric)
+        self.unreadable_errors = 0  # listings and add_watch calls refused for permission (a counter)
+
+    # --- what is known ---------------------------------------------------------------------------------
+
+    def known(self) -> list[str]:
+        return list(self._known)
+
+    def subtree(self, path: str) -> list[str]:
+        """`path` and every known cgroup below it, parents first; in time of the subtree's size."""
+        if path not in self._known:
+            return []
+        found, stack = [], [path]
+        while stack:
+            p = stack.pop()
+            found.append(p)
+            stack.extend(self._children.get(p, ()))
+        return found
+
+    @property
+    def blind(self) -> Optional[str]:
+        """Why part of the tree is not watched, for /healthz; None while every cgroup is."""
+        parts = []
+        if self._starved:
+            parts.append(f"{len(self._starved)} cgroup(s) not fully watched: out of inotify watches (raise the "
+                         f"sysctl fs.inotify.max_user_watches, now {self._watch_limit()})")
+        if self._unreadable:
+            path, what = next(iter(self._unreadable.items()))
+            parts.append(f"{len(self._unreadable)} cgroup(s) unreadable to this agent (uid {os.geteuid()}), "
+                         f"e.g. {what}")
+        return "; ".join(parts) or None
+
+    def unwatched_counts(self) -> dict[str, int]:
+        """Cgroups not fully watched now, by reason (a gauge)."""
+        return {"inotify_watches": len(self._starved), "unreadable": len(self._unreadable)}
+
+    # --- watching --------------------------------------------------------------------------------------
 
     def start_watching(self) -> list[str]:
         """Watch the whole tree; returns the cgroups found (the caller's initial state)."""
-        found = []
-        for path in self.fs.walk():
-            if self._watch(path):
-                found.append(path)
+        found = [path for path in self.fs.walk(on_error=self._listing_failed) if self._watch(path)]
+        self._say()
         return found
 
+    def _listing_failed(self, path: str, exc: OSError) -> None:
+        if path in self._known:
+            self._refused(path, _DIR, f"{self.fs.abspath(path)} (listing)", exc)
+
     def _watch(self, path: str) -> bool:
-        flags = self._inotify_simple.flags
+        """Watch a cgroup and record it as known; False when it is gone already."""
+        flags = self._flags
         base = self.fs.abspath(path)
         try:
             wd = self._inotify.add_watch(base, flags.CREATE | flags.DELETE | flags.MOVED_TO | flags.MOVED_FROM
                                          | flags.ONLYDIR | flags.DELETE_SELF)
-        except OSError:
-            return False  # gone already
-        self._wd_dir[wd] = path
-        self._dir_wd[path] = wd
+        except OSError as exc:
+            if exc.errno in _GONE_ERRNOS:
+                return False
+            wd = None
+            self._know(path)
+            self._refused(path, _DIR, base, exc)
+        else:
+            self._know(path)
+            self._wd[wd] = (_DIR, path)
+            self._wds.setdefault(path, []).append(wd)
         if path != "/":
-            try:
-                ewd = self._inotify.add_watch(f"{base}/memory.events", flags.MODIFY)
-                self._wd_events[ewd] = path
-                self._events_wd[path] = ewd
-            except OSError:
-                pass  # no memory controller here
-            try:
-                pwd = self._inotify.add_watch(f"{base}/cgroup.events", flags.MODIFY)
-                self._wd_populated[pwd] = path
-                self._populated_wd[path] = pwd
-            except OSError:
-                pass
-            for name in ("memory.max", "memory.oom.group"):
-                try:
-                    lwd = self._inotify.add_watch(f"{base}/{name}", flags.MODIFY)
-                    self._wd_limits[lwd] = path
-                    self._limits_wds.setdefault(path, []).append(lwd)
-                except FileNotFoundError:
-                    pass  # no memory controller here
-                except OSError:
-                    self.unwatched_limits.add(path)  # out of watches: its limits are read every time
+            for what, name in _FILES:
+                self._watch_file(path, what, f"{base}/{name}")
         return True
 
+    def _know(self, path: str) -> None:
+        if path in self._known:
+            return
+        self._known[path] = None
+        parent = _parent(path)
+        if parent is not None:
+            self._children.setdefault(parent, set()).add(path)
+
+    def _watch_file(self, path: str, what: int, file: str) -> bool:
+        try:
+            wd = self._inotify.add_watch(file, self._flags.MODIFY)
+        except OSError as exc:
+            if exc.errno not in _GONE_ERRNOS:  # ENOENT: no memory controller here (or gone)
+                self._refused(path, what, file, exc)
+            return False
+        self._wd[wd] = (what, path)
+        self._wds.setdefault(path, []).append(wd)
+        return True
+
+    def _refused(self, path: str, what: int, name: str, exc: OSError) -> None:
+        """A watch (or listing) of `path` refused; counted once per cgroup and reason, not per retry."""
+        self._missing[path] = self._missing.get(path, 0) | (1 << what)
+        if what == _DIR:
+            self._unwatched_dirs.add(path)
+        if (1 << what) & _SIGNALLED:
+            self.unwatched_limits.add(path)  # a scrape reads its signalled files every time
+        if exc.errno in _STARVED_ERRNOS:
+            if path not in self._starved:
+                self.watch_errors += 1
+                self._starved.add(path)
+        elif path not in self._unreadable:
+            self.unreadable_errors += 1
+            self._unreadable[path] = f"{name}: {exc.strerror or exc}"
+
     def _forget(self, path: str) -> list[str]:
-        gone = [p for p in self._dir_wd if p == path or p.startswith(path.rstrip("/") + "/")]
+        """Drop `path` and its subtree (parents first)."""
+        gone = self.subtree(path)
+        parent = _parent(path)
+        if gone and parent is not None:
+            siblings = self._children.get(parent)
+            if siblings is not None:
+                siblings.discard(path)
+                if not siblings:
+                    del self._children[parent]
         for p in gone:
-            wd = self._dir_wd.pop(p, None)
-            if wd is not None:
-                self._wd_dir.pop(wd, None)
-            ewd = self._events_wd.pop(p, None)
-            if ewd is not None:
-                self._wd_events.pop(ewd, None)
-            pwd = self._populated_wd.pop(p, None)
-            if pwd is not None:
-                self._wd_populated.pop(pwd, None)
-            for lwd in self._limits_wds.pop(p, ()):
-                self._wd_limits.pop(lwd, None)
+            del self._known[p]
+            self._children.pop(p, None)
+            for wd in self._wds.pop(p, ()):
+                self._wd.pop(wd, None)
+                self._freed = True
+            self._missing.pop(p, None)
+            self._unwatched_dirs.discard(p)
+            self._starved.discard(p)
+            self._unreadable.pop(p, None)
             self.unwatched_limits.discard(p)
         return gone
 
-    def known(self) -> list[str]:
-        return list(self._dir_wd)
-
     def stop(self) -> None:
         os.write(self._stop_w, b"x")
+
+    def close(self) -> None:
+        """Release the inotify descriptor and its watches (after run() has returned)."""
+        self._inotify.close()
+        for fd in (self._stop_r, self._stop_w):
+            os.close(fd)
 
     def run(self) -> None:
         """The watcher loop; returns on stop()."""
         import select
 
-        flags = self._inotify_simple.flags
+        flags = self._flags
         poller = select.poll()
         poller.register(self._inotify.fileno(), select.POLLIN)
         poller.register(self._stop_r, select.POLLIN)
         self.alive = True
+        rescan_at = time.monotonic() + UNWATCHED_RESCAN_SECONDS
         try:
             while True:
-                ready = {fd for fd, _ in poller.poll()}
+                # Blocks for good while everything is watched; wakes to list unwatched directories otherwise.
+                timeout = None
+                if self._unwatched_dirs:
+                    timeout = max(0, int((rescan_at - time.monotonic()) * 1000))
+                ready = {fd for fd, _ in poller.poll(timeout)}
                 if self._stop_r in ready:
                     return
+                if not ready:
+                    self._rescan_unwatched()
+                    rescan_at = time.monotonic() + UNWATCHED_RESCAN_SECONDS
+                    self._say()
+                    continue
                 # Coalesced per read: a cgroup whose memory.events moved five times since the last read is
                 # read once (an OOM storm moves every ancestor's counters with every kill).
                 events_changed: dict[str, None] = {}
@@ -356,39 +472,40 @@ class CgroupWatcher:
                         log.warning("inotify queue overflowed; re-reading the cgroup tree")
                         self._resync()
                         continue
-                    if event.wd in self._wd_events and event.mask & flags.MODIFY:
-                        events_changed[self._wd_events[event.wd]] = None
+                    watched = self._wd.get(event.wd)
+                    if watched is None:
                         continue
-                    if event.wd in self._wd_populated and event.mask & flags.MODIFY:
-                        populated[self._wd_populated[event.wd]] = None
-                        continue
-                    if event.wd in self._wd_limits and event.mask & flags.MODIFY:
-                        limits[self._wd_limits[event.wd]] = None
-                        continue
-                    parent = self._wd_dir.get(event.wd)
-                    if parent is None:
+                    what, path = watched
+                    if what != _DIR:
+                        if event.mask & flags.MODIFY:
+                            (events_changed if what == _EVENTS else populated if what == _POPULATED
+                             else limits)[path] = None
                         continue
                     if event.mask & flags.DELETE_SELF:
-                        for p in self._forget(parent):
+                        for p in self._forget(path):
                             self._call(self.on_removed, p)
                         continue
                     if not event.mask & flags.ISDIR:
                         continue
-                    child = ("" if parent == "/" else parent) + "/" + event.name
+                    child = ("" if path == "/" else path) + "/" + event.name
                     if event.mask & (flags.CREATE | flags.MOVED_TO):
                         self._add_subtree(child)
                     elif event.mask & (flags.DELETE | flags.MOVED_FROM):
                         for p in self._forget(child):
                             self._call(self.on_removed, p)
                 for path in events_changed:
-                    if path in self._events_wd:  # not removed in the same batch
+                    if path in self._known:  # not removed in the same batch
                         self._call(self.on_events, path)
                 for path in populated:
-                    if path in self._populated_wd:
+                    if path in self._known:
                         self._call(self.on_populated, path)
                 for path in limits:
-                    if path in self._limits_wds:
+                    if path in self._known:
                         self._call(self.on_limits, path)
+                if self._freed and self._starved:
+                    self._rewatch()
+                self._freed = False
+                self._say()
         except Exception as exc:  # the agent reports this in /healthz
             self.error = f"cgroup watcher stopped: {exc}"
             log.exception("cgroup watcher stopped")
@@ -405,18 +522,157 @@ class CgroupWatcher:
 
     def _add_subtree(self, path: str) -> None:
         # Children may have been created before our watch on `path` existed: walk them too.
-        for sub in CgroupFS(self.fs.abspath(path)).walk():
+        sub_fs = CgroupFS(self.fs.abspath(path))
+        for sub in sub_fs.walk(on_error=lambda p, exc: self._listing_failed(path if p == "/" else path + p, exc)):
             full = path if sub == "/" else path + sub
-            if full not in self._dir_wd and self._watch(full):
+            if full not in self._known and self._watch(full):
                 self._call(self.on_added, full)
 
     def _resync(self) -> None:
         self.on_resync()
-        present = set(self.fs.walk())
-        for path in list(self._dir_wd):
+        present = set(self.fs.walk(on_error=self._listing_failed))
+        for path in list(self._known):
             if path not in present:
                 for p in self._forget(path):
                     self._call(self.on_removed, p)
         for path in sorted(present):
-            if path not in self._dir_wd and self._watch(path):
+            if path not in self._known and self._watch(path):
                 self._call(self.on_added, path)
+        if self._starved:
+            self._rewatch()
+
+    def _rewatch(self) -> None:
+        """Place the watches refused for want of watches, while the kernel gives them (removed cgroups freed
+        some). Stops at the first refusal: the cost is what is placed, not what is missing."""
+        while self._starved:
+            for path in list(itertools.islice(self._starved, 64)):
+                if not self._retry(path):  # True takes `path` out of _starved
+                    return
+
+    def _retry(self, path: str) -> bool:
+        """Try the watches `path` lacks again; False when the kernel is still out of watches. A directory
+        watched now is listed for what it gained meanwhile."""
+        if path not in self._known:
+            self._starved.discard(path)
+            return True
+        bits = self._missing.get(path, 0)
+        base = self.fs.abspath(path)
+        flags = self._flags
+        for what in range(5):
+            if not bits & (1 << what):
+                continue
+            if what == _DIR:
+                target, mask = base, (flags.CREATE | flags.DELETE | flags.MOVED_TO | flags.MOVED_FROM
+                                      | flags.ONLYDIR | flags.DELETE_SELF)
+            else:
+                target, mask = f"{base}/{_FILE_NAMES[what]}", flags.MODIFY
+            try:
+                wd = self._inotify.add_watch(target, mask)
+            except OSError as exc:
+                if exc.errno in _GONE_ERRNOS:
+                    bits &= ~(1 << what)
+                    continue
+                if exc.errno in _STARVED_ERRNOS:
+                    self._starved.add(path)  # (a path retried as unreadable may have been out of watches)
+                    self._settle(path, bits)
+                    return False
+                self._unreadable.setdefault(path, f"{target}: {exc.strerror or exc}")
+                continue
+            if wd not in self._wd:
+                self._wd[wd] = (what, path)
+                self._wds.setdefault(path, []).append(wd)
+            bits &= ~(1 << what)
+            if what == _DIR:
+                self._unwatched_dirs.discard(path)
+                self._missing[path] = bits
+                self._list_children(path)
+                if path not in self._known:  # gone meanwhile: forgotten with its watches
+                    return True
+        self._settle(path, bits)
+        self._starved.discard(path)  # what is still missing now is missing for want of read access
+        return True
+
+    def _settle(self, path: str, bits: int) -> None:
+        if path not in self._known:
+            return
+        if bits:
+            self._missing[path] = bits
+            return
+        self._missing.pop(path, None)
+        self._unwatched_dirs.discard(path)
+        self._starved.discard(path)
+        self._unreadable.pop(path, None)
+        self.unwatched_limits.discard(path)
+
+    def _rescan_unwatched(self) -> None:
+        """Every UNWATCHED_RESCAN_SECONDS while part of the tree is not watched: try the refused watches
+        again, and list the directories still not watched for cgroups made or removed under them since."""
+        if self._starved:
+            self._rewatch()
+        for path in list(self._unreadable):
+            if not self._retry(path):
+                break
+        for path in list(self._unwatched_dirs):
+            if path in self._known:
+                self._list_children(path)
+
+    def _list_children(self, path: str) -> None:
+        base = self.fs.abspath(path)
+        try:
+            with os.scandir(base) as it:
+                names = {e.name for e in it if e.is_dir(follow_symlinks=False)}
+        except (FileNotFoundError, NotADirectoryError):
+            for p in self._forget(path):
+                self._call(self.on_removed, p)
+            return
+        except OSError as exc:  # unreadable
+            self._refused(path, _DIR, f"{base} (listing)", exc)
+            return
+        prefix = "" if path == "/" else path
+        present = {f"{prefix}/{name}" for name in names}
+        for child in sorted(self._children.get(path, set()) - present):
+            for p in self._forget(child):
+                self._call(self.on_removed, p)
+        for child in sorted(present):
+            if child not in self._known:
+                self._add_subtree(child)
+
+    def _watch_limit(self) -> str:
+        """The limit in force: the smaller of the sysctl and this user namespace's own."""
+        limits = [int(t) for t in (cat(self._max_user_watches), cat(USER_NS_MAX_WATCHES))
+                  if t is not None and t.strip().isdigit()]
+        return str(min(limits)) if limits else "unknown"
+
+    def _say(self) -> None:
+        """One log line when part of the tree stops being watched, one when all of it is again."""
+        now = (bool(self._starved), bool(self._unreadable))
+        if now == self._said:
+            return
+        starved, unreadable = now
+        if starved and not self._said[0]:
+            limit = self._watch_limit()
+            suggest = (str(max(int(limit) * 2, int(limit) + 5 * len(self._starved))) if limit.isdigit()
+                       else "<a larger value>")
+            log.error("inotify watches exhausted: %d cgroup(s) are not fully watched (fs.inotify.max_user_watches="
+                      "%s, shared by every process of this user); their OOM counters are read at each scrape "
+                      "instead of when they move, and new cgroups under them are found by a listing every %.0f s. "
+                      "Raise the sysctl: sysctl -w fs.inotify.max_user_watches=%s (and user.max_inotify_watches where "
+                      "the agent runs in a user namespace)", len(self._starved), limit,
+                      UNWATCHED_RESCAN_SECONDS, suggest)
+        elif not starved and self._said[0]:
+            log.warning("inotify watches: every cgroup is watched again")
+        if unreadable and not self._said[1]:
+            path, what = next(iter(self._unreadable.items()))
+            log.error("%d cgroup(s) are unreadable to this agent (uid %d), e.g. %s; their series may be missing "
+                      "and their changes unseen: run the agent as root or give it read access",
+                      len(self._unreadable), os.geteuid(), what)
+        elif not unreadable and self._said[1]:
+            log.warning("every cgroup is readable to this agent again")
+        self._said = now
+
+
+def _parent(path: str) -> Optional[str]:
+    if path == "/":
+        return None
+    parent = path.rsplit("/", 1)[0]
+    return parent or "/"
