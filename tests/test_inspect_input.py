@@ -229,3 +229,15 @@ def test_names_with_spaces_and_commands_stay_on_one_line() -> None:
 def test_help_says_what_is_refused_and_decoded() -> None:
     out = " ".join(inspect_cli("--help").stdout.split())
     assert "a device other than /dev/kmsg" in out and "gzip, xz and bzip2 logs are decompressed" in out
+
+
+def test_standard_input_from_a_device_is_refused(monkeypatch) -> None:
+    """`inspect --kmsg - < /dev/zero` read NULs for ever."""
+    import io
+
+    if not os.path.exists("/dev/zero"):
+        pytest.skip("no /dev/zero here")
+    with open("/dev/zero", "rb") as zero:
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(zero))
+        with pytest.raises(NotAKernelLog, match=r"standard input is a character device \(1:5\)"):
+            list(read_saved_log("-"))

@@ -6,6 +6,7 @@ Both yield `KmsgRecord`s and `Lost(n)` markers; neither interprets what the reco
 from __future__ import annotations
 
 import errno
+import io
 import os
 import select
 import stat
@@ -238,7 +239,16 @@ def saved_log_chunks(source: Union[str, BinaryIO], idle_timeout: float = FIFO_ID
     KmsgUnavailable naming what the path is instead, directories, sockets and devices (/dev/zero would never
     end); a FIFO silent for `idle_timeout` seconds is refused rather than waited on."""
     if source == "-":
-        yield from _chunks_of_stream(sys.stdin.buffer)
+        stdin = sys.stdin.buffer
+        try:
+            st = os.fstat(stdin.fileno())
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            st = None  # not a file descriptor (a test's stream)
+        if st is not None and not os.isatty(stdin.fileno()):  # a terminal is typed or pasted into: read it
+            refused = _what_it_is(st.st_mode, st.st_rdev)
+            if refused is not None:  # `< /dev/zero` would never end
+                raise NotAKernelLog(f"standard input {refused}")
+        yield from _chunks_of_stream(stdin)
         return
     if not isinstance(source, str):
         yield from _chunks_of_stream(source)
