@@ -10,7 +10,15 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomwatch.parse.kmsg import MAX_LINE, KmsgParseError, TextLogStats, parse_kmsg_record, parse_text_log
+from oomwatch.parse.kmsg import (
+    MAX_LINE,
+    KmsgParseError,
+    NotText,
+    TextLogStats,
+    parse_kmsg_record,
+    parse_text_log,
+    text_lines,
+)
 from oomwatch.parse.oom import parse_oom_line
 
 # Pieces of real OOM reports and of their wrappers, so that generated lines reach deep into the parsers.
@@ -112,3 +120,23 @@ def test_plain_dmesg_fast_path_reads_as_the_full_path_does(secs: int, frac: int,
     fast = list(parse_text_log(io.BytesIO(line)))
     full = list(parse_text_log(io.BytesIO(b"<6>" + line)))
     assert [(r.text, r.usec) for r in fast] == [(r.text, r.usec) for r in full]
+
+
+# What a path or a paste may start with: compression and encoding marks, binary magic, then anything.
+HEADS = [b"", b"\x1f\x8b", b"\x1f\x8b\x08\x00", b"\xfd7zXZ\x00", b"BZh9", b"\x28\xb5\x2f\xfd", b"\xff\xfe",
+         b"\xfe\xff", b"\xef\xbb\xbf", b"\x7fELF", b"\x00" * 8]
+
+
+@FUZZ
+@given(st.sampled_from(HEADS), log_bytes, st.integers(1, 70))
+def test_any_bytes_are_lines_or_not_text(head: bytes, data: bytes, chunk: int) -> None:
+    """Decoding never raises but NotText, and never yields a line longer than MAX_LINE, however the bytes are
+    split into reads."""
+    data = head + data
+    stats = TextLogStats()
+    try:
+        lines = list(text_lines((data[i:i + chunk] for i in range(0, len(data), chunk)), stats))
+    except NotText:
+        return
+    assert all(len(line) <= MAX_LINE and b"\x00" not in line and b"\n" not in line for line in lines)
+    check_text_log(b"\n".join(lines))

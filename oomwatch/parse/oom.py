@@ -10,9 +10,8 @@ Formats (docs/kernel-facts.md): 3.10 `Killed process … file-rss:NkB` (no shmem
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from itertools import combinations
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 from oomwatch.model import (
     KIB,
@@ -79,8 +78,7 @@ _CONSTRAINTS = {"NONE": "global", "MEMCG": "memcg", "CPUSET": "cpuset", "MEMORY_
 _UNLIMITED_KB = 1 << 52
 
 
-@dataclass(frozen=True)
-class OomReaped:
+class OomReaped(NamedTuple):
     """`oom_reaper: reaped process P (comm), now anon-rss:…`: the reaper freed an OOM victim's memory, so
     that process was OOM-killed (its kill line may be missing from a cut paste). Sizes are those after
     reaping, not the victim's: not kept. (Here, not in oomwatch.model, until the correlator reads it.)"""
