@@ -1,28 +1,41 @@
 """Prometheus metrics: every metric of docs/contract.md, written from current state at each scrape.
 
-The text exposition format (version 0.0.4) is written here directly, byte for byte what prometheus_client's
-`generate_latest` writes for the same families (tests/test_collector.py proves it on the golden trees),
-because that library's generic path cost more than half of a scrape: it re-escapes and sorts every label of
-every series each time. Here a workload's label text is built once, when its label set is first seen, and a
-scrape only formats numbers; the body is produced in chunks so that a scrape of 10,000 containers never holds
-the whole text at once. prometheus_client is imported only by `collect()`, for callers that want a registry.
+`FAMILIES` is the one list of the metric families: name, type, help, labels and where each sample's value
+comes from. Both outputs are driven by it: the text exposition format (version 0.0.4), written here directly,
+and `collect()`, the same families as prometheus_client objects for a CollectorRegistry.
+
+The exposition is byte for byte what prometheus_client's `generate_latest` writes for the same families
+(tests/test_collector.py proves it on the golden trees), because that library's generic path cost more than
+half of a scrape: it re-escapes and sorts every label of every series each time. Here a workload's label text
+is built once, when its label set is first seen, and a scrape only formats numbers; the body is produced in
+chunks so that a scrape of 10,000 containers never holds the whole text at once. prometheus_client is imported
+only by `collect()`.
+
+Names come from the node (cgroup directory names, runtime annotations): anything a cgroup name can hold is
+exported safely (`label_value`), and one workload whose series cannot be written is left out of the scrape,
+logged once and counted (`oomwatch_workloads_not_exported_total`): it never fails the scrape.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from oomwatch import __version__
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
-from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, Labels, Snapshot, Store
+from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, SCOPES, Labels, Snapshot, WorkloadCounters
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
-IDENTITY = ["namespace", "pod", "container", "cgroup"]
+log = logging.getLogger(__name__)
+
+IDENTITY = ("namespace", "pod", "container", "cgroup")
 
 # The exposition's media type: the Prometheus text format 0.0.4, what Prometheus, promtool and every
 # exporter speak. OpenMetrics is not offered: a client asking for it gets this, which all of them accept.
@@ -35,21 +48,6 @@ DROPPABLE = {
     "memory-events": "oomwatch_memory_events_total (the kernel's memory.events counters, 5 per workload)",
 }
 
-_GAUGES = (
-    ("oomwatch_memory_oom_group", "Current memory.oom.group of the workload cgroup (1: an OOM kill takes "
-     "every process).", "oom_group"),
-    ("oomwatch_memory_limit_bytes", "memory.max of the workload cgroup (+Inf when unlimited).",
-     "limit_bytes"),
-    ("oomwatch_memory_usage_bytes", "memory.current of the workload cgroup.", "usage_bytes"),
-    ("oomwatch_memory_peak_bytes", "memory.peak of the workload cgroup (kernel 5.19+).", "peak_bytes"),
-    ("oomwatch_memory_working_set_bytes", "memory.current less memory.stat inactive_file, floored at 0 (the "
-     "kubelet's working set).", "working_set_bytes"),
-)
-_PRESSURE_HELP = ("Time some (kind=some) or all (kind=full) non-idle tasks of the workload cgroup were stalled "
-                  "waiting for memory (memory.pressure total; absent without PSI).")
-_EVENTS_HELP = "The kernel's own memory.events counters of the workload cgroup (hierarchical)."
-_LATENCY_HELP = "Time from the kernel's kill to the incident being published."
-
 # Lines per chunk of the body: about 64 KiB of text.
 CHUNK_LINES = 512
 
@@ -61,8 +59,27 @@ class NodeInfo:
     single_process_oom_kill: str  # true | false | unknown
 
 
-_LAST_INFO_HELP = ("The last OOM-kill incident of this workload, explained in one sentence (1; replaced at its "
-                   "next incident).")
+# --- label values --------------------------------------------------------------------------------------
+
+# Lone surrogates: what Python's surrogate escapes (os.fsdecode, os.scandir) make of bytes that are not UTF-8.
+_NOT_UTF8 = re.compile("[\ud800-\udfff]")
+
+
+def _byte_escapes(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if 0xDC80 <= code <= 0xDCFF:  # one byte 0x80-0xff kept by surrogateescape
+        return f"\\x{code - 0xDC00:02x}"
+    return "".join(f"\\x{b:02x}" for b in match.group().encode("utf-8", "surrogatepass"))
+
+
+def label_value(value: str) -> str:
+    """A name as a label value the text format can carry: it must be UTF-8, and a cgroup name may hold any
+    byte but `/`. Bytes that are not UTF-8 (read with surrogate escapes) are written `\\xNN`, as the kernel
+    log writes them (docs/contract.md "Metrics"); every other character, control characters included, stays
+    as it is and the exposition escapes only what the format says (`\\`, `"`, newline)."""
+    if value.isascii():
+        return value
+    return _NOT_UTF8.sub(_byte_escapes, value)
 
 
 def escape_label_value(value: str) -> str:
@@ -86,22 +103,223 @@ def format_value(value: float) -> str:
     return s
 
 
-def _header(name: str, help_text: str, kind: str) -> str:
-    escaped = help_text.replace("\\", r"\\").replace("\n", r"\n")
-    return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n"
+def _le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+# --- the table of metric families ----------------------------------------------------------------------
+
+# A node sample: the sample's name, its labels, its value.
+NodeSample = tuple[str, dict[str, str], float]
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the node-level families read at one scrape."""
+
+    snap: Snapshot
+    info: NodeInfo
+    cgroup_parse_errors: Optional[int]
+    not_exported: int
+
+
+@dataclass(frozen=True)
+class Family:
+    """One metric family. `source` says what its samples are read from: "counters" (the store's counters of
+    every workload it knows), "live" (the CgroupStats of every live workload cgroup, read now) or "node" (one
+    NodeView).
+
+    A per-workload family carries IDENTITY plus `labels`. Without labels of its own, `values(row)` is the
+    value of the workload's one series (None: no series). With them, the labels' values are fixed: `keys`
+    lists one key per series a workload can have (the label's value, or a tuple of the labels' values), and
+    `values(row)` maps keys to values (None, or a key it lacks: no such series).
+    A node family's `samples(view)` gives its NodeSamples, or None when the family is not exported at all."""
+
+    name: str  # as exposed: counters end in `_total`
+    type: str  # counter | gauge | histogram
+    help: str
+    source: str
+    labels: tuple[str, ...] = ()
+    keys: tuple[Any, ...] = ()
+    values: Optional[Callable[[Any], Any]] = None
+    samples: Optional[Callable[[NodeView], Optional[Iterable[NodeSample]]]] = None
+    droppable: Optional[str] = None  # the --drop-series choice that leaves this family out
+
+    @property
+    def base_name(self) -> str:
+        """The name prometheus_client gives the family (a counter's without `_total`)."""
+        return self.name[: -len("_total")] if self.type == "counter" else self.name
+
+    def series(self, row: Any) -> list[tuple[tuple[str, ...], float]]:
+        """(values of `labels`, value) of each series of one workload (per-workload families)."""
+        values = self.values(row)  # type: ignore[misc]
+        if not self.keys:
+            return [] if values is None else [((), values)]
+        if values is None:
+            return []
+        return [((key,) if isinstance(key, str) else key, values[key]) for key in self.keys
+                if values.get(key) is not None]
+
+
+def _counter(name: str, help_text: str, value: Callable[[NodeView], Optional[float]]) -> Family:
+    """A node-level counter without labels; absent where `value` is None."""
+    def samples(view: NodeView) -> Optional[list[NodeSample]]:
+        n = value(view)
+        return None if n is None else [(name, {}, n)]
+    return Family(name, "counter", help_text, "node", samples=samples)
+
+
+def _gauge(name: str, help_text: str, attr: str) -> Family:
+    return Family(name, "gauge", help_text, "live", values=attrgetter(attr))
+
+
+def _pressure(stats: CgroupStats) -> Optional[dict[str, Optional[float]]]:
+    pressure = stats.pressure
+    if pressure is None:
+        return None
+    return {"some": pressure.total_seconds("some"), "full": pressure.total_seconds("full")}
+
+
+# oomwatch_last_oom_kill_info: one series per workload, at the (kind, scope) of its last incident.
+_INCIDENT_KEYS = tuple((kind, scope) for kind in KINDS for scope in SCOPES)
+_ONE = {key: {key: 1.0} for key in _INCIDENT_KEYS}
+
+
+def _last_incident(counters: WorkloadCounters) -> Optional[dict[tuple[str, str], float]]:
+    last = counters.last_incident
+    return None if last is None else _ONE.get((last[0], last[1]))
+
+
+def _node_info(view: NodeView) -> list[NodeSample]:
+    info = view.info
+    return [("oomwatch_node_info", {"cgroup_version": info.cgroup_version, "kernel": info.kernel,
+                                    "single_process_oom_kill": info.single_process_oom_kill}, 1.0)]
+
+
+def _latency(view: NodeView) -> list[NodeSample]:
+    # The store keeps cumulative (`le`) counts, as the exposition wants them.
+    snap = view.snap
+    name = "oomwatch_detection_latency_seconds"
+    samples: list[NodeSample] = [(f"{name}_bucket", {"le": _le(bound)}, n)
+                                 for bound, n in zip(LATENCY_BUCKETS, snap.latency_buckets)]
+    samples.append((f"{name}_bucket", {"le": "+Inf"}, snap.latency_count))
+    samples.append((f"{name}_count", {}, snap.latency_count))
+    samples.append((f"{name}_sum", {}, snap.latency_sum))
+    return samples
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family("oomwatch_oom_kills_total", "counter", "OOM-kill incidents in which this workload lost at least "
+           "one process.", "counters", labels=("kind",), keys=KINDS, values=attrgetter("kills")),
+    Family("oomwatch_oom_killed_processes_total", "counter", "Processes killed by the OOM killer, each pid "
+           "once; role=collateral are those memory.oom.group took along.", "counters", labels=("role",),
+           keys=ROLES, values=attrgetter("killed")),
+    Family("oomwatch_last_oom_kill_timestamp_seconds", "gauge", "Time of the last OOM-kill incident of this "
+           "workload.", "counters", values=attrgetter("last_kill")),
+    # Bounded labels only: the incident's explanation (a sentence with pids) is in /incidents and the events
+    # file, not in a label, where every incident would start a new series.
+    Family("oomwatch_last_oom_kill_info", "gauge", "The kind and scope of the last OOM-kill incident of this "
+           "workload (1; replaced at its next incident). Its explanation is in /incidents and the events "
+           "file.",
+           "counters", labels=("kind", "scope"), keys=_INCIDENT_KEYS, values=_last_incident),
+    _gauge("oomwatch_memory_oom_group", "Current memory.oom.group of the workload cgroup (1: an OOM kill "
+           "takes every process).", "oom_group"),
+    _gauge("oomwatch_memory_limit_bytes", "memory.max of the workload cgroup (+Inf when unlimited).",
+           "limit_bytes"),
+    _gauge("oomwatch_memory_usage_bytes", "memory.current of the workload cgroup.", "usage_bytes"),
+    _gauge("oomwatch_memory_peak_bytes", "memory.peak of the workload cgroup (kernel 5.19+).", "peak_bytes"),
+    _gauge("oomwatch_memory_working_set_bytes", "memory.current less memory.stat inactive_file, floored at 0 "
+           "(the kubelet's working set).", "working_set_bytes"),
+    Family("oomwatch_memory_events_total", "counter", "The kernel's own memory.events counters of the "
+           "workload cgroup (hierarchical).", "live", labels=("event",), keys=EXPORTED_MEMORY_EVENTS,
+           values=attrgetter("events"), droppable="memory-events"),
+    Family("oomwatch_memory_pressure_seconds_total", "counter", "Time some (kind=some) or all (kind=full) "
+           "non-idle tasks of the workload cgroup were stalled waiting for memory (memory.pressure total; "
+           "absent without PSI).", "live", labels=("kind",), keys=("some", "full"), values=_pressure),
+    Family("oomwatch_node_oom_kills_total", "counter", "OOM-kill incidents on this node.", "node",
+           labels=("kind", "scope"),
+           samples=lambda view: [("oomwatch_node_oom_kills_total", {"kind": kind, "scope": scope}, n)
+                                 for (kind, scope), n in sorted(view.snap.node_kills.items())]),
+    Family("oomwatch_node_info", "gauge", "The node's OOM posture.", "node",
+           labels=("cgroup_version", "kernel", "single_process_oom_kill"), samples=_node_info),
+    _counter("oomwatch_kmsg_records_total", "Kernel log records read.", lambda v: v.snap.kmsg_records),
+    _counter("oomwatch_kmsg_lost_records_total", "Kernel log records overwritten before oomwatch could read "
+             "them.", lambda v: v.snap.kmsg_lost),
+    _counter("oomwatch_kmsg_parse_errors_total", "Kernel log records that looked like OOM reports but did "
+             "not parse.", lambda v: v.snap.kmsg_parse_errors),
+    _counter("oomwatch_kmsg_rejected_records_total", "Kernel log records with an OOM line from a syslog "
+             "facility other than the kernel's (written to /dev/kmsg by a process), ignored.",
+             lambda v: v.snap.kmsg_rejected),
+    _counter("oomwatch_oom_kills_counted_from_events_total", "OOM kills the kernel counted in memory.events "
+             "that no kernel log record described (overwritten before they were read, or while the agent was "
+             "down).", lambda v: v.snap.counted_from_events),
+    _counter("oomwatch_state_write_errors_total", "State saves that failed (disk full, read-only).",
+             lambda v: v.snap.state_errors),
+    _counter("oomwatch_workloads_dropped_total", "Workloads whose series were dropped, gone ones first, to "
+             "stay under the store's cap.", lambda v: v.snap.workloads_dropped),
+    _counter("oomwatch_workloads_not_exported_total", "Workloads left out of /metrics because their series "
+             "could not be written (or would repeat another workload's labels), each counted and logged "
+             "once.",
+             lambda v: v.not_exported),
+    _counter("oomwatch_cgroup_parse_errors_total", "cgroup file values the kernel would not print (negative, "
+             "out of range, garbage), read as unknown.", lambda v: v.cgroup_parse_errors),
+    Family("oomwatch_detection_latency_seconds", "histogram", "Time from the kernel's kill to the incident "
+           "being published.", "node", labels=("le",), samples=_latency),
+    Family("oomwatch_build_info", "gauge", "oomwatch version.", "node", labels=("version",),
+           samples=lambda view: [("oomwatch_build_info", {"version": __version__}, 1.0)]),
+)
+
+
+def _header(family: Family) -> str:
+    escaped = family.help.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {family.name} {escaped}\n# TYPE {family.name} {family.type}\n"
+
+
+def _label_pairs(labels: dict[str, str]) -> str:
+    return ",".join(f'{k}="{escape_label_value(label_value(v))}"' for k, v in sorted(labels.items()))
+
+
+def _key_texts(family: Family) -> tuple[tuple[Any, str, str], ...]:
+    """(key, middle, end) for each key of a per-workload family: its own labels as text, placed where the
+    format's alphabetical order puts them among the identity labels (`cgroup`, `container`, [middle],
+    `namespace`, `pod`, [end])."""
+    for name in family.labels:
+        if not ("container" < name < "namespace" or name > "pod"):
+            raise ValueError(f"{family.name}: label {name!r} sorts among the identity labels")
+    texts = []
+    for key in family.keys:
+        pairs = sorted(zip(family.labels, (key,) if isinstance(key, str) else key))
+        middle = "".join(f'{k}="{escape_label_value(v)}",' for k, v in pairs if k < "namespace")
+        end = "".join(f',{k}="{escape_label_value(v)}"' for k, v in pairs if k > "pod")
+        texts.append((key, middle, end))
+    return tuple(texts)
 
 
 class _LabelText:
     """One workload's identity labels as exposition text, in the format's (alphabetical) order: `cgroup`,
-    `container`, then an extra label (`event`, `kind`) falls between them and `namespace`, `pod`; `role`
-    comes last. Built once per label set."""
+    `container`, then a family's own label (`event`, `kind`) falls between them and `namespace`, `pod`; `role`
+    and `scope` come last. Built once per label set; `key` is the exported identity (what two label sets
+    could share once bytes that are not UTF-8 are written `\\xNN`)."""
 
-    __slots__ = ("head", "seen", "tail")
+    __slots__ = ("head", "key", "reported", "seen", "tail")
 
     def __init__(self, labels: Labels) -> None:
-        namespace, pod, container, cgroup = (escape_label_value(v) for v in labels)
+        namespace, pod, container, cgroup = (escape_label_value(label_value(v)) for v in labels)
         self.head = f'cgroup="{cgroup}",container="{container}",'
         self.tail = f'namespace="{namespace}",pod="{pod}"'
+        self.head.encode("utf-8")  # what the body will do: fail here, for this workload alone
+        self.tail.encode("utf-8")
+        self.key = self.head + self.tail
+        self.seen = 0
+        self.reported = False  # left out of a scrape once already: logged and counted
+
+
+class _Unexportable:
+    """A label set that cannot be written at all; logged and counted once, left out while it stays."""
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
         self.seen = 0
 
 
@@ -113,9 +331,6 @@ class _Lines:
     def __init__(self) -> None:
         self.parts: list[str] = []
 
-    def full(self) -> bool:
-        return len(self.parts) >= CHUNK_LINES
-
     def take(self) -> bytes:
         chunk = "".join(self.parts).encode("utf-8")
         self.parts.clear()  # in place: the writer holds a reference to this list
@@ -123,14 +338,15 @@ class _Lines:
 
 
 class OomwatchCollector:
-    """`live_workloads()` returns (identity labels, CgroupStats) for every live workload cgroup, read now;
+    """`store.snapshot()` gives the counters (any object with that method: the agent may hand a fixed one);
+    `live_workloads()` returns (identity labels, CgroupStats) for every live workload cgroup, read now;
     `node_info()` the node's posture; `cgroup_parse_errors()`, when given, the count of cgroup values read
     as unknown. Nothing is cached here but label text: a scrape shows the present.
 
     `metrics(accept)` is what an HTTP server calls: (content type, body chunks). `collect()` yields the
     same as prometheus_client metric families, for a CollectorRegistry."""
 
-    def __init__(self, store: Store, live_workloads: Callable[[], Iterable[tuple[Labels, CgroupStats]]],
+    def __init__(self, store: Any, live_workloads: Callable[[], Iterable[tuple[Labels, CgroupStats]]],
                  node_info: Callable[[], NodeInfo], *,
                  cgroup_parse_errors: Optional[Callable[[], int]] = None, drop: Iterable[str] = ()) -> None:
         self._store = store
@@ -141,8 +357,77 @@ class OomwatchCollector:
         unknown = self.drop - set(DROPPABLE)
         if unknown:
             raise ValueError(f"cannot drop {', '.join(sorted(unknown))}: choose from {', '.join(DROPPABLE)}")
-        self._label_text: dict[Labels, _LabelText] = {}
+        self.families = tuple(f for f in FAMILIES if f.droppable not in self.drop)
+        self._key_texts = {f.name: _key_texts(f) for f in self.families if f.source != "node"}
+        self._label_text: dict[Labels, _LabelText | _Unexportable] = {}
         self._scrapes = 0
+        self.not_exported = 0  # workloads left out, each counted once while its labels stay
+
+    # --- rows ----------------------------------------------------------------------------------------
+
+    def _exported(self, labels: Labels) -> bool:
+        # labels = (namespace, pod, container, cgroup): a pod's own cgroup has a pod and no container.
+        return not ("pods" in self.drop and labels[1] and not labels[2])
+
+    def _labels(self, labels: Labels) -> Optional[_LabelText]:
+        text = self._label_text.get(labels)
+        if text is None:
+            try:
+                text = _LabelText(labels)
+            except Exception as exc:  # a name no fix above foresaw: this workload only, never the scrape
+                self._report(labels, f"its labels cannot be written ({exc!r})")
+                text = _Unexportable()
+            self._label_text[labels] = text
+        text.seen = self._scrapes
+        return text if isinstance(text, _LabelText) else None
+
+    def _left_out(self, labels: Labels, text: _LabelText, why: str) -> None:
+        """This workload is left out of this scrape: logged and counted the first time."""
+        if not text.reported:
+            text.reported = True
+            self._report(labels, why)
+
+    def _report(self, labels: Labels, why: str) -> None:
+        self.not_exported += 1
+        log.warning("workload %r left out of /metrics: %s", labels, why)
+
+    def _rows(self, items: Iterable[tuple[Labels, Any]]) -> list[tuple[Labels, _LabelText, Any]]:
+        """(labels, label text, row) of each exported workload, in label order. A workload whose labels cannot
+        be written, or whose exported labels repeat another's (two names that differ only in bytes that are
+        not UTF-8 and their `\\xNN` spelling), is left out: Prometheus would keep one of two repeated series
+        and count the other as an error."""
+        rows = []
+        for labels, row in sorted(items, key=lambda item: item[0]):
+            if self._exported(labels):
+                text = self._labels(labels)
+                if text is not None:
+                    rows.append((labels, text, row))
+        if len({text.key for _, text, _ in rows}) < len(rows):
+            kept: dict[str, Labels] = {}
+            unique = []
+            for labels, text, row in rows:
+                first = kept.setdefault(text.key, labels)
+                if first == labels:
+                    unique.append((labels, text, row))
+                else:
+                    self._left_out(labels, text, f"its labels repeat those of {first!r}")
+            rows = unique
+        return rows
+
+    def _sections(self, snap: Snapshot) -> Iterator[tuple[Family, list[tuple[Labels, _LabelText, Any]]]]:
+        """Each per-workload family with its rows: the store's counters, then the live cgroups, read once."""
+        counter_rows: Optional[list] = None
+        live_rows: Optional[list] = None
+        for family in self.families:
+            if family.source == "counters":
+                if counter_rows is None:
+                    counter_rows = self._rows(snap.workloads.items())
+                yield family, counter_rows
+            elif family.source == "live":
+                if live_rows is None:
+                    counter_rows = None
+                    live_rows = self._rows(self._live_workloads())
+                yield family, live_rows
 
     # --- the exposition ------------------------------------------------------------------------------
 
@@ -154,98 +439,68 @@ class OomwatchCollector:
         """The whole body at once (tests, tools)."""
         return b"".join(self._chunks())
 
-    def _labels(self, labels: Labels) -> _LabelText:
-        text = self._label_text.get(labels)
-        if text is None:
-            text = self._label_text[labels] = _LabelText(labels)
-        text.seen = self._scrapes
-        return text
-
-    def _exported(self, labels: Labels) -> bool:
-        # labels = (namespace, pod, container, cgroup): a pod's own cgroup has a pod and no container.
-        return not ("pods" in self.drop and labels[1] and not labels[2])
-
     def _chunks(self) -> Iterator[bytes]:
         self._scrapes += 1
         snap = self._store.snapshot()
         out = _Lines()
         parts = out.parts
         fmt = format_value
-
-        workloads = sorted((labels, counters) for labels, counters in snap.workloads.items()
-                           if self._exported(labels))
-        texts = [self._labels(labels) for labels, _ in workloads]
-        parts.append(_header("oomwatch_oom_kills_total", "OOM-kill incidents in which this workload lost at "
-                             "least one process.", "counter"))
-        for text, (_, counters) in zip(texts, workloads):
-            for kind in KINDS:
-                parts.append(f'oomwatch_oom_kills_total{{{text.head}kind="{kind}",{text.tail}}} '
-                             f'{fmt(counters.kills[kind])}\n')
-            if out.full():
-                yield out.take()
-        parts.append(_header("oomwatch_oom_killed_processes_total", "Processes killed by the OOM killer, "
-                             "each pid once; role=collateral are those memory.oom.group took along.",
-                             "counter"))
-        for text, (_, counters) in zip(texts, workloads):
-            for role in ROLES:
-                parts.append(f'oomwatch_oom_killed_processes_total{{{text.head}{text.tail},role="{role}"}} '
-                             f'{fmt(counters.killed[role])}\n')
-            if out.full():
-                yield out.take()
-        parts.append(_header("oomwatch_last_oom_kill_timestamp_seconds", "Time of the last OOM-kill incident "
-                             "of this workload.", "gauge"))
-        for text, (_, counters) in zip(texts, workloads):
-            if counters.last_kill is not None:
-                parts.append(f"oomwatch_last_oom_kill_timestamp_seconds{{{text.head}{text.tail}}} "
-                             f"{fmt(counters.last_kill)}\n")
-        parts.append(_header("oomwatch_last_oom_kill_info", _LAST_INFO_HELP, "gauge"))
-        for text, (_, counters) in zip(texts, workloads):
-            if counters.last_incident is not None:
-                kind, scope, explanation = counters.last_incident
-                parts.append(f'oomwatch_last_oom_kill_info{{{text.head}explanation="{escape_label_value(explanation)}",'
-                             f'kind="{kind}",{text.tail},scope="{scope}"}} 1.0\n')
-            if out.full():
-                yield out.take()
-        del workloads, texts
-
-        live = sorted(((labels, stats) for labels, stats in self._live_workloads() if self._exported(labels)),
-                      key=lambda item: item[0])
-        texts = [self._labels(labels) for labels, _ in live]
-        for name, help_text, attr in _GAUGES:
-            parts.append(_header(name, help_text, "gauge"))
-            for text, (_, stats) in zip(texts, live):
-                value = getattr(stats, attr)
-                if value is not None:
-                    parts.append(f"{name}{{{text.head}{text.tail}}} {fmt(value)}\n")
-                if out.full():
+        failed: set[Labels] = set()  # workloads with a sample that could not be written: out of this scrape
+        for family, rows in self._sections(snap):
+            name = family.name
+            values = family.values
+            parts.append(_header(family))
+            if not family.keys:  # one series per workload
+                for labels, text, row in rows:
+                    if failed and labels in failed:
+                        continue
+                    try:
+                        value = values(row)  # type: ignore[misc]
+                        if value is not None:
+                            parts.append(f"{name}{{{text.head}{text.tail}}} {fmt(value)}\n")
+                    except Exception as exc:
+                        failed.add(labels)
+                        self._left_out(labels, text, f"{name}: {exc!r}")
+                    if len(parts) >= CHUNK_LINES:
+                        yield out.take()
+                continue
+            keys = self._key_texts[name]
+            for labels, text, row in rows:
+                if failed and labels in failed:
+                    continue
+                written = len(parts)
+                try:
+                    mapping = values(row)  # type: ignore[misc]
+                    if mapping is not None:
+                        for key, middle, end in keys:
+                            value = mapping.get(key)
+                            if value is not None:
+                                parts.append(f"{name}{{{text.head}{middle}{text.tail}{end}}} {fmt(value)}\n")
+                except Exception as exc:
+                    del parts[written:]  # none of this workload's series of the family, rather than some
+                    failed.add(labels)
+                    self._left_out(labels, text, f"{name}: {exc!r}")
+                if len(parts) >= CHUNK_LINES:
                     yield out.take()
-        if "memory-events" not in self.drop:
-            parts.append(_header("oomwatch_memory_events_total", _EVENTS_HELP, "counter"))
-            for text, (_, stats) in zip(texts, live):
-                events = stats.events
-                if events is not None:
-                    for event in EXPORTED_MEMORY_EVENTS:
-                        if event in events:
-                            parts.append(f'oomwatch_memory_events_total{{{text.head}event="{event}",'
-                                         f'{text.tail}}} {fmt(events[event])}\n')
-                if out.full():
-                    yield out.take()
-        parts.append(_header("oomwatch_memory_pressure_seconds_total", _PRESSURE_HELP, "counter"))
-        for text, (_, stats) in zip(texts, live):
-            pressure = stats.pressure
-            if pressure is not None:
-                for kind in ("some", "full"):
-                    seconds = pressure.total_seconds(kind)
-                    if seconds is not None:
-                        parts.append(f'oomwatch_memory_pressure_seconds_total{{{text.head}kind="{kind}",'
-                                     f'{text.tail}}} {fmt(seconds)}\n')
-            if out.full():
-                yield out.take()
-        del live, texts
         self._forget_label_text()
-
-        parts.extend(self._node_lines(snap))
+        for family, samples in self._node_samples(snap):
+            parts.append(_header(family))
+            for sample_name, labels_, value in samples:
+                parts.append(f"{sample_name}{{{_label_pairs(labels_)}}} {fmt(value)}\n" if labels_
+                             else f"{sample_name} {fmt(value)}\n")
         yield out.take()
+
+    def _node_samples(self, snap: Snapshot) -> list[tuple[Family, Sequence[NodeSample]]]:
+        parse_errors = self._cgroup_parse_errors() if self._cgroup_parse_errors else None
+        view = NodeView(snap=snap, info=self._node_info(), not_exported=self.not_exported,
+                        cgroup_parse_errors=parse_errors)
+        out = []
+        for family in self.families:
+            if family.source == "node":
+                samples = family.samples(view)  # type: ignore[misc]
+                if samples is not None:
+                    out.append((family, list(samples)))
+        return out
 
     def _forget_label_text(self) -> None:
         """Drop the label text of workloads this scrape did not show (gone past their grace period)."""
@@ -253,130 +508,37 @@ class OomwatchCollector:
         if any(text.seen != current for text in self._label_text.values()):
             self._label_text = {k: v for k, v in self._label_text.items() if v.seen == current}
 
-    def _node_lines(self, snap: Snapshot) -> list[str]:
-        fmt = format_value
-        lines = [_header("oomwatch_node_oom_kills_total", "OOM-kill incidents on this node.", "counter")]
-        lines += [f'oomwatch_node_oom_kills_total{{kind="{kind}",scope="{scope}"}} {fmt(n)}\n'
-                  for (kind, scope), n in sorted(snap.node_kills.items())]
-        info = self._node_info()
-        lines.append(_header("oomwatch_node_info", "The node's OOM posture.", "gauge"))
-        lines.append(f'oomwatch_node_info{{cgroup_version="{escape_label_value(info.cgroup_version)}",'
-                     f'kernel="{escape_label_value(info.kernel)}",'
-                     f'single_process_oom_kill="{escape_label_value(info.single_process_oom_kill)}"}} 1.0\n')
-        for name, help_text, value in self._node_counters(snap):
-            lines.append(_header(name, help_text, "counter"))
-            lines.append(f"{name} {fmt(value)}\n")
-        lines.append(_header("oomwatch_detection_latency_seconds", _LATENCY_HELP, "histogram"))
-        # The store keeps cumulative (`le`) counts, as the exposition wants them.
-        for bound, n in zip(LATENCY_BUCKETS, snap.latency_buckets):
-            lines.append(f'oomwatch_detection_latency_seconds_bucket{{le="{_le(bound)}"}} {fmt(n)}\n')
-        lines.append(f'oomwatch_detection_latency_seconds_bucket{{le="+Inf"}} {fmt(snap.latency_count)}\n')
-        lines.append(f"oomwatch_detection_latency_seconds_count {fmt(snap.latency_count)}\n")
-        lines.append(f"oomwatch_detection_latency_seconds_sum {fmt(snap.latency_sum)}\n")
-        lines.append(_header("oomwatch_build_info", "oomwatch version.", "gauge"))
-        lines.append(f'oomwatch_build_info{{version="{escape_label_value(__version__)}"}} 1.0\n')
-        return lines
-
-    def _node_counters(self, snap: Snapshot) -> list[tuple[str, str, float]]:
-        counters = [
-            ("oomwatch_kmsg_records_total", "Kernel log records read.", snap.kmsg_records),
-            ("oomwatch_kmsg_lost_records_total", "Kernel log records overwritten before oomwatch could read "
-             "them.", snap.kmsg_lost),
-            ("oomwatch_kmsg_parse_errors_total", "Kernel log records that looked like OOM reports but did "
-             "not parse.", snap.kmsg_parse_errors),
-        ]
-        counters += [
-            ("oomwatch_kmsg_rejected_records_total", "Kernel log records with an OOM line from a syslog facility "
-             "other than the kernel's (written to /dev/kmsg by a process), ignored.", snap.kmsg_rejected),
-            ("oomwatch_oom_kills_counted_from_events_total", "OOM kills the kernel counted in memory.events that "
-             "no kernel log record described (overwritten before they were read, or while the agent was "
-             "down).", snap.counted_from_events),
-            ("oomwatch_state_write_errors_total", "State saves that failed (disk full, read-only).",
-             snap.state_errors),
-            ("oomwatch_workloads_dropped_total", "Workloads whose series were dropped, gone ones first, to stay "
-             "under the store's cap.", snap.workloads_dropped),
-        ]
-        if self._cgroup_parse_errors is not None:
-            counters.append(("oomwatch_cgroup_parse_errors_total", "cgroup file values the kernel would not "
-                             "print (negative, out of range, garbage), read as unknown.",
-                             self._cgroup_parse_errors()))
-        return counters
-
     # --- prometheus_client --------------------------------------------------------------------------
 
     def collect(self) -> Iterator["Metric"]:
         """The same metrics as prometheus_client families, for a CollectorRegistry (slower than `metrics()`:
         prometheus_client formats each series generically). tests/test_collector.py checks that
         `generate_latest` of these is byte for byte the exposition."""
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+        from prometheus_client.core import Metric
 
+        self._scrapes += 1
         snap = self._store.snapshot()
-        kills = CounterMetricFamily("oomwatch_oom_kills", "OOM-kill incidents in which this workload lost at "
-                                    "least one process.", labels=IDENTITY + ["kind"])
-        killed = CounterMetricFamily("oomwatch_oom_killed_processes", "Processes killed by the OOM killer, "
-                                     "each pid once; role=collateral are those memory.oom.group took along.",
-                                     labels=IDENTITY + ["role"])
-        last = GaugeMetricFamily("oomwatch_last_oom_kill_timestamp_seconds", "Time of the last OOM-kill "
-                                 "incident of this workload.", labels=IDENTITY)
-        for labels, counters in sorted(snap.workloads.items()):
-            if not self._exported(labels):
-                continue
-            for kind in KINDS:
-                kills.add_metric([*labels, kind], counters.kills[kind])
-            for role in ROLES:
-                killed.add_metric([*labels, role], counters.killed[role])
-            if counters.last_kill is not None:
-                last.add_metric(list(labels), counters.last_kill)
-        info = GaugeMetricFamily("oomwatch_last_oom_kill_info", _LAST_INFO_HELP,
-                                 labels=IDENTITY + ["explanation", "kind", "scope"])
-        for labels, counters in sorted(snap.workloads.items()):
-            if self._exported(labels) and counters.last_incident is not None:
-                info.add_metric([*labels, counters.last_incident[2], counters.last_incident[0],
-                                 counters.last_incident[1]], 1)
-        yield from (kills, killed, last, info)
-        gauges = [GaugeMetricFamily(name, help_text, labels=IDENTITY) for name, help_text, _ in _GAUGES]
-        events = CounterMetricFamily("oomwatch_memory_events", _EVENTS_HELP, labels=IDENTITY + ["event"])
-        pressure = CounterMetricFamily("oomwatch_memory_pressure_seconds", _PRESSURE_HELP,
-                                       labels=IDENTITY + ["kind"])
-        for labels, stats in sorted(self._live_workloads(), key=lambda item: item[0]):
-            if not self._exported(labels):
-                continue
-            for family, (_, _, attr) in zip(gauges, _GAUGES):
-                value = getattr(stats, attr)
-                if value is not None:
-                    family.add_metric(list(labels), value)
-            for name in EXPORTED_MEMORY_EVENTS:
-                if stats.events is not None and name in stats.events:
-                    events.add_metric([*labels, name], stats.events[name])
-            if stats.pressure is not None:
-                for kind in ("some", "full"):
-                    seconds = stats.pressure.total_seconds(kind)
-                    if seconds is not None:
-                        pressure.add_metric([*labels, kind], seconds)
-        yield from gauges
-        if "memory-events" not in self.drop:
-            yield events
-        yield pressure
-        node = CounterMetricFamily("oomwatch_node_oom_kills", "OOM-kill incidents on this node.",
-                                   labels=["kind", "scope"])
-        for (kind, scope), n in sorted(snap.node_kills.items()):
-            node.add_metric([kind, scope], n)
-        yield node
-        info = self._node_info()
-        node_info = GaugeMetricFamily("oomwatch_node_info", "The node's OOM posture.",
-                                      labels=["kernel", "cgroup_version", "single_process_oom_kill"])
-        node_info.add_metric([info.kernel, info.cgroup_version, info.single_process_oom_kill], 1)
-        yield node_info
-        for name, help_text, value in self._node_counters(snap):
-            yield CounterMetricFamily(name[: -len("_total")], help_text, value=value)
-        buckets = [(_le(bound), n) for bound, n in zip(LATENCY_BUCKETS, snap.latency_buckets)]
-        buckets.append(("+Inf", snap.latency_count))
-        yield HistogramMetricFamily("oomwatch_detection_latency_seconds", _LATENCY_HELP, buckets=buckets,
-                                    sum_value=snap.latency_sum)
-        build = GaugeMetricFamily("oomwatch_build_info", "oomwatch version.", labels=["version"])
-        build.add_metric([__version__], 1)
-        yield build
-
-
-def _le(bound: float) -> str:
-    return "+Inf" if math.isinf(bound) else repr(float(bound))
+        failed: set[Labels] = set()
+        for family, rows in self._sections(snap):
+            metric = Metric(family.base_name, family.help, family.type)
+            names = IDENTITY + family.labels
+            for labels, text, row in rows:
+                if labels in failed:
+                    continue
+                identity = [label_value(v) for v in labels]
+                try:
+                    samples = [(dict(zip(names, identity + list(key))), float(value))
+                               for key, value in family.series(row)]
+                except Exception as exc:
+                    failed.add(labels)
+                    self._left_out(labels, text, f"{family.name}: {exc!r}")
+                    continue
+                for sample_labels, value in samples:
+                    metric.add_sample(family.name, sample_labels, value)
+            yield metric
+        self._forget_label_text()
+        for family, samples in self._node_samples(snap):
+            metric = Metric(family.base_name, family.help, family.type)
+            for sample_name, labels_, value in samples:
+                metric.add_sample(sample_name, {k: label_value(v) for k, v in labels_.items()}, value)
+            yield metric
