@@ -267,6 +267,22 @@ class Incident:
     partial: bool = False  # the log lost this report's first lines: the first process listed may not be the victim
     # evidence "memory.events": (cgroup, inode, counter name, counter value reached): its identity
     counted_in: Optional[tuple[str, int, str, int]] = None
+    # A group kill of thousands of processes keeps the first MAX_KILLED_LISTED of `killed`; these stay exact:
+    killed_count: Optional[int] = None  # processes killed (None: len(killed), the list is whole)
+    killed_cgroups: tuple[tuple[str, int], ...] = ()  # processes killed per cgroup, when the list is cut
+
+    @property
+    def killed_truncated(self) -> bool:
+        return self.killed_count is not None and self.killed_count > len(self.killed)
+
+    def killed_per_cgroup(self) -> tuple[tuple[str, int], ...]:
+        """How many processes died in each cgroup (exact, also when `killed` was cut)."""
+        if self.killed_cgroups:
+            return self.killed_cgroups
+        counts: dict[str, int] = {}
+        for p in self.killed:
+            counts[p.cgroup or ""] = counts.get(p.cgroup or "", 0) + 1
+        return tuple(counts.items())
 
     @property
     def collateral(self) -> tuple[KilledProcess, ...]:
@@ -305,6 +321,7 @@ class Incident:
             "memory": self.memory,
             "victim": self.victim.to_json() if self.victim is not None else None,
             "killed": [p.to_json() for p in self.killed],
+            "killed_count": len(self.killed) if self.killed_count is None else self.killed_count,
             "workload": self.workload.to_json(),
             "explanation": self.explanation,
             "detected_at": iso8601(self.detected_at),
@@ -315,6 +332,8 @@ class Incident:
             out["window_start"] = iso8601(self.window_start)
         if self.partial:
             out["partial"] = True
+        if self.killed_truncated:
+            out["killed_truncated"] = True
         if self.counted_in is not None:
             cgroup, ino, counter, value = self.counted_in
             out["counted_in"] = {"cgroup": cgroup, "inode": ino, "counter": counter, "value": value}

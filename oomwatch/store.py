@@ -107,11 +107,16 @@ class Store:
         if not incident.killed:  # counted from memory.events: the workloads are known, the pids not
             for workload in incident.workloads or (incident.workload,):
                 by_labels.setdefault(workload.metric_labels(), [])
-        for proc, role in zip(incident.killed, ["victim"] + ["collateral"] * len(incident.collateral)):
-            workload = next((w for w in incident.workloads if proc.cgroup and w.cgroup and
-                             (proc.cgroup == w.cgroup or proc.cgroup.startswith(w.cgroup.rstrip("/") + "/"))),
+        victim_cgroup = (incident.victim.cgroup or "") if incident.victim is not None else None
+        for cgroup, count in incident.killed_per_cgroup():
+            workload = next((w for w in incident.workloads if cgroup and w.cgroup and
+                             (cgroup == w.cgroup or cgroup.startswith(w.cgroup.rstrip("/") + "/"))),
                             incident.workload)
-            by_labels.setdefault(workload.metric_labels(), []).append(role)
+            roles = by_labels.setdefault(workload.metric_labels(), [])
+            if cgroup == victim_cgroup:
+                roles.append("victim")
+                victim_cgroup, count = None, count - 1
+            roles.extend(["collateral"] * count)
         for labels, roles in by_labels.items():
             counters = self._workloads.get(labels)
             if counters is None:

@@ -54,7 +54,8 @@ class WitnessQueue:
         return len(self._awaiting)
 
     def _with_witnesses(self, incident: Incident) -> Incident:
-        if incident.kind != "group" or not incident.killed or not incident.group_cgroup:
+        if incident.kind != "group" or not incident.killed or not incident.group_cgroup or incident.killed_truncated:
+            # (a listing cut short does not say who else was killed: exits cannot be told from it)
             return incident
         known = {p.pid for p in incident.killed} | {p["pid"] for p in incident.exiting}
         died = [{"pid": pid, "cgroup": cgroup, "signal": SIGKILL} for pid, cgroup, when in list(self._sigkilled)
