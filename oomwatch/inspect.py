@@ -103,10 +103,14 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
 
     wall_clock = False
     first_error: Optional[str] = None
+    report_starts = 0  # `invoked oom-killer` and `oom-kill:` lines: reports that began, found or not
     try:
         for item in items:
             if isinstance(item, KmsgRecord):
                 wall_clock = wall_clock or item.wall_time is not None
+                text = item.text
+                if " invoked oom-killer: " in text or text.startswith("oom-kill:"):
+                    report_starts += 1
                 errors = correlator.stats.parse_errors
                 take(correlator.feed(item))
                 if first_error is None and correlator.stats.parse_errors > errors:
@@ -122,6 +126,8 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
         raise KmsgUnavailable(f"{config.kmsg}: {exc.strerror or exc}") from exc
     take(correlator.flush())
     stats = correlator.stats
+    if report_starts and not found:
+        health["reports_without_kill"] = report_starts
     health["records"] = stats.records
     health["parse_errors"] += stats.parse_errors
     if stats.parse_errors:  # lines with OOM words the OOM parser could not read
@@ -205,6 +211,10 @@ def reader_warnings(kmsg: Optional[dict]) -> list[str]:
             and text["formats"].get("bare", 0) == text["kernel_records"] > 0):
         warnings.append("no line has a kernel log prefix (dmesg, journalctl, syslog), and none is an OOM line: "
                         "is this a kernel log?")
+    if kmsg.get("reports_without_kill"):
+        n = kmsg["reports_without_kill"]
+        warnings.append(f"{n} line{'' if n == 1 else 's'} of an OOM report (`invoked oom-killer`, `oom-kill:`) "
+                        f"{'is' if n == 1 else 'are'} in the log, but no kill line follows: was the log cut?")
     if text.get("cut_lines"):
         warnings.append(f"{text['cut_lines']} lines longer than 64 KiB were cut")
     return warnings

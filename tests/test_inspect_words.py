@@ -89,3 +89,12 @@ def test_unreadable_oom_lines_are_never_called_no_oom_line() -> None:
 def test_the_sysrq_fixture_is_explained_as_a_manual_kill() -> None:
     report = build_report(Config(kmsg=str(SYSRQ), boot_time=BOOT_TIME), node_view=False, clock=lambda: 0.0)
     assert report["incidents"][0]["explanation"].startswith("A manual OOM kill (sysrq f")
+
+
+def test_a_report_cut_before_its_kill_line_is_a_warning_not_silence() -> None:
+    """Its `invoked oom-killer` and `oom-kill:` lines were read, and inspect said only "0 OOM reports found"."""
+    cut = "".join(line + "\n" for line in GROUP_419.read_text().splitlines() if "Killed process" not in line)
+    result = inspect_cli("--kmsg", "-", input=cut.encode())
+    assert result.exit_code == 0 and "0 OOM reports found" in " ".join(result.stdout.split())
+    assert "1 line of an OOM report (`invoked oom-killer`, `oom-kill:`) is in the log, but no kill line follows" \
+        in result.stderr
