@@ -80,7 +80,7 @@ class Agent:
         settings = Settings(boot_id=boot_id, boot_time=self.config.boot_time or host_boot_time(),
                             kmsg_source=self.kernel_log.kind, counting=live, quiet=self.config.quiet_seconds,
                             witness_wait=0.5 if self.config.proc_connector else 0.0,
-                            persist=self.state is not None, skip_upto=skip)
+                            persist=self.state is not None, skip_upto=skip, saved_log=self.kernel_log.saved)
         self.pipeline = Pipeline(settings, self.store, WorkloadResolver(RuntimeNames(read_files=False),
                                                                         self.pod_index),
                                  now=self.clock(), accounts=extra.get("accounts"),

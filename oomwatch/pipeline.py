@@ -81,6 +81,7 @@ class Settings:
     witness_wait: float = 0.0  # seconds a group kill waits for the proc connector's exits (0: no connector)
     persist: bool = False  # a state directory is kept
     skip_upto: Optional[int] = None  # an early reader read the ring from its start: records up to here are done
+    saved_log: bool = False  # a saved log is replayed: its cursor is its records' place in it ("file")
 
 
 class Pipeline:
@@ -147,7 +148,8 @@ class Pipeline:
 
     def state(self) -> dict[str, Any]:
         """The state file's content: the store, the cursor and the reconciler's accounts."""
-        self.store.set_cursor(self.settings.boot_id, self._cursor(), self.settings.kmsg_source or "kmsg")
+        kind = "file" if self.settings.saved_log else (self.settings.kmsg_source or "kmsg")
+        self.store.set_cursor(self.settings.boot_id, self._cursor(), kind)
         state = self.store.to_state()
         state["accounts"] = self.reconciler.to_state()
         return state

@@ -92,7 +92,8 @@ class Store:
         self._lat_sum = 0.0
         self.boot_id: Optional[str] = None
         self.cursor_seq: Optional[int] = None
-        self.cursor_source = "kmsg"  # the reader that wrote the cursor: "kmsg" (sequence) or "syslog" (µs)
+        # The reader that wrote the cursor: "kmsg" (sequence), "syslog" (µs) or "file" (a saved log's record)
+        self.cursor_source = "kmsg"
         self._expires_at: Optional[float] = None  # the earliest gone_since (a lower bound after a revival)
 
     # --- updates -----------------------------------------------------------------------------------
@@ -298,7 +299,7 @@ class Store:
         boot_id = v.get(state, "boot_id")
         v.expect(boot_id is None or isinstance(boot_id, str), "boot_id")
         cursor_source = v.get(state, "cursor_source")
-        v.expect(cursor_source in ("kmsg", "syslog"), f"cursor_source {cursor_source!r}")
+        v.expect(cursor_source in ("kmsg", "syslog", "file"), f"cursor_source {cursor_source!r}")
         counted = state.get("counted_from_events", 0)
         v.expect(_is_count(counted), "counted_from_events")
         self._workloads = workloads

@@ -10,6 +10,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from oomwatch.events import KernelLog, KernelLogEnded
+from oomwatch.model import KmsgRecord
 from oomwatch.pump import KernelLogPump
 from oomwatch.sources.kmsg import (
     KmsgUnavailable,
@@ -52,7 +53,7 @@ class KernelLogSource:
             if early is not None:
                 early.stop()
             self._replay = threading.Thread(target=self._replay_saved_log, name="kmsg", daemon=True)
-            return None
+            return cursor_for("file")  # the records a replay before this one already counted
         if early is not None and self.path == "/dev/kmsg" and self._factory is None:
             self.pump, self.kind = early, "kmsg"
             early.adopt(self._emit, self._reopen)
@@ -92,10 +93,17 @@ class KernelLogSource:
             reader.prefilter = True  # records without OOM words are counted, not parsed
 
     def _replay_saved_log(self) -> None:
-        """--kmsg names a saved log: its records once, then the end."""
+        """--kmsg names a saved log: its records once, then the end. Records of a text log have no sequence
+        number: each gets its place among the log's records, so that the cursor saved with the state says how far
+        a replay got, and the next replay of the same log counts nothing twice however long it is."""
         batch: list = []
+        index = 0
         try:
             for item in read_saved_log(self.path):
+                if isinstance(item, KmsgRecord):
+                    if item.seq is None:
+                        item = item._replace(seq=index)
+                    index = item.seq + 1
                 batch.append(item)
                 if len(batch) >= REPLAY_BATCH:
                     self._emit(KernelLog(batch))
@@ -111,6 +119,11 @@ class KernelLogSource:
         self._emit(KernelLog(batch, drained_at=0.0))
         self.replayed = True
         self._emit(KernelLogEnded(saved=True))
+
+    def join(self, timeout: Optional[float] = None) -> None:
+        """Wait for a saved log's replay to end."""
+        if self._replay is not None and self._replay.is_alive():
+            self._replay.join(timeout)
 
     def wake(self) -> None:
         if self.pump is not None:
