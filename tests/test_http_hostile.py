@@ -477,21 +477,20 @@ def test_a_pipelined_burst_is_answered_in_a_loop_up_to_the_cap(caplog: pytest.Lo
     metrics = Metrics()
     with serving(metrics) as sink:
         sock = connect(sink)
-        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-        sender = threading.Thread(target=lambda: _send_ignoring_close(sock, request * 1000))  # 34 KB
-        sender.start()
-        data = closed_by_server(sock)
-        sender.join(timeout=5)
-        assert data.count(b"HTTP/1.1 200 OK\r\n") == LIMITS.max_pipelined
-        sock = connect(sink)
-        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 300)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 300)  # 10 KB: the server reads it all
         assert closed_by_server(sock).count(b"HTTP/1.1 200 OK\r\n") == LIMITS.max_pipelined
         assert metrics.calls <= LIMITS.max_pipelined
+        sock = connect(sink)
+        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        sender = threading.Thread(target=lambda: _send_ignoring_close(sock, request * 1000))  # 37 KB
+        sender.start()
+        # Closed with part of the burst unread: the kernel answers with a reset, which may overtake answers.
+        assert closed_by_server(sock).count(b"HTTP/1.1 200 OK\r\n") <= LIMITS.max_pipelined
+        sender.join(timeout=5)
         assert get(sink, "/healthz")[0] == 200
     lines = [r for r in caplog.records if r.name == "oomwatch.sinks.httpserver"]
-    assert len(lines) == 1 and "pipelined" not in lines[0].getMessage() or "without reading" in \
-        lines[0].getMessage(), [r.getMessage() for r in lines]
-    assert all(r.exc_info is None for r in lines)
+    assert len(lines) == 1 and "without reading the answers" in lines[0].getMessage()
+    assert lines[0].exc_info is None
 
 
 def _send_ignoring_close(sock: socket.socket, data: bytes) -> None:
@@ -705,3 +704,21 @@ def test_throttled_says_how_many_it_left_out(caplog: pytest.LogCaptureFixture) -
 ])
 def test_client_key(address: tuple, key: str) -> None:
     assert client_key(address) == key
+
+
+def test_a_scrape_that_ends_while_its_last_chunk_is_sent_is_finished_for_its_clients() -> None:
+    """The worker may end a scrape between the loop sending the last chunk (the client goes back to waiting)
+    and the loop looking whether it ended: the client must not be left waiting (under 20 pipelined bursts this
+    left most of them hanging until the write timeout)."""
+    metrics = Metrics(seconds=0.3, chunks=3)  # the producer ends 0.1 s after its last chunk
+    with serving(metrics) as sink:
+        advance = sink.server._advance
+
+        def advance_then_let_the_worker_end(conn) -> None:
+            advance(conn)
+            flight = conn.flight
+            if flight is not None and conn.state == "waiting" and metrics.chunks_made == 3:
+                assert wait_for(lambda: flight.done, timeout=2)
+
+        sink.server._advance = advance_then_let_the_worker_end
+        assert get(sink, timeout=3) == (200, BODY * 3)

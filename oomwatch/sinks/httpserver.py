@@ -752,10 +752,13 @@ class HttpServer:
         flight = self._running
         if flight is None:
             return
+        # Whether it was done before its clients are advanced: if the worker ends it while they are, they may
+        # have gone back to waiting for more, and the byte it writes for the end will bring them here again.
+        done = flight.done
         for conn in list(flight.conns):
             if conn.state == "waiting":
                 self._advance(conn)
-        if flight.done:
+        if done:
             self._running = None
             self._scrape_ended(flight)
             if flight.conns:
