@@ -1,7 +1,10 @@
-"""Worst cases for `inspect --kmsg` on a saved log: how long each takes and how much memory it needs.
+"""Worst cases for `inspect --kmsg` on a saved log (how long each takes and how much memory it needs), and for
+the agent's state directory, events file and cgroup watcher (issue 19).
 
-    .venv/bin/python benchmarks/hostile_input.py          # full sizes (1M lines, 50 MB lines)
+    .venv/bin/python benchmarks/hostile_input.py          # full sizes (1M lines, 50 MB lines, 20,000 cgroups)
     .venv/bin/python benchmarks/hostile_input.py 0.1      # a tenth of each
+    .venv/bin/python benchmarks/hostile_input.py 1 agent  # only the agent's cases (or: kmsg)
+    .venv/bin/python benchmarks/hostile_input.py 0.25 agent --before e534e78   # the watcher cases of that commit too
 
 Each case is written to a temporary file and read, in a child process, by `build_report` (reader, correlator,
 explanation; default --limit 20) and `render_text`, as `oomwatch inspect --kmsg FILE` does. Printed: seconds,
@@ -11,13 +14,19 @@ lines per second, the child's peak RSS (VmHWM), incidents found. Target: every c
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any, Callable, Optional
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 KILL = ("[ {t}.000000] Memory cgroup out of memory: Killed process {pid} ({comm}) total-vm:1kB, anon-rss:1kB, "
         "file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n")
@@ -58,7 +67,18 @@ print(elapsed, peak_kib, (report["kmsg"] or {{}}).get("oom_reports", "error"))
 
 
 def main() -> int:
-    scale = float(sys.argv[1]) if len(sys.argv) > 1 else 1.0
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    scale = float(args[0]) if args else 1.0
+    only = args[1] if len(args) > 1 else None
+    before = sys.argv[sys.argv.index("--before") + 1] if "--before" in sys.argv else None
+    if only in (None, "kmsg"):
+        kmsg_main(scale)
+    if only in (None, "agent"):
+        agent_main(scale, before)
+    return 0
+
+
+def kmsg_main(scale: float) -> None:
     print(f"{'case':<42} {'MB':>7} {'s':>8} {'lines/s':>10} {'peak RSS MiB':>12} {'incidents':>9}", flush=True)
     for name, make in cases(scale).items():
         data = make()
@@ -79,7 +99,402 @@ def main() -> int:
         elapsed, peak_kib, found = out.split()
         print(f"{name:<42} {size_mb:>7.1f} {float(elapsed):>8.2f} {lines / float(elapsed):>10.0f} "
               f"{int(peak_kib) / 1024:>12.1f} {found:>9}", flush=True)
-    return 0
+
+
+# --- the agent's state directory, events file and cgroup watcher (issue 19) ------------------------------------
+#
+# Each case prints what it measured and the outcome the agent acts on. Cases that need a filesystem of their own
+# (read-only, full) mount a small tmpfs and are skipped when that is not allowed (not root). The watcher cases
+# build a tree of cgroup-shaped directories in tmpfs (inotify behaves there as on cgroupfs for directories and
+# IN_MODIFY; a real cgroupfs is not touched) and run the watcher in a child process; the out-of-watches case
+# runs it in a user namespace whose own `user.max_inotify_watches` is set low, so the host's limit is never
+# reached (watches in a user namespace also count against the host user's, so it is kept well below it).
+
+FILES = ("memory.events", "cgroup.events", "memory.max", "memory.oom.group")
+
+
+def _tmpfs(size: str) -> Optional[str]:
+    where = tempfile.mkdtemp(prefix="oomwatch-bench-")
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", where],
+                                           capture_output=True).returncode != 0:
+        os.rmdir(where)
+        return None
+    return where
+
+
+def _umount(where: str) -> None:
+    subprocess.run(["umount", "-l", where], check=False)
+    os.rmdir(where)
+
+
+def _fill(path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"x" * 65536):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.levels: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.levels.append(record.levelname)
+
+
+def _said(run: Callable[[], Any]) -> tuple[Any, list[str]]:
+    handler = _Lines()
+    logger = logging.getLogger("oomwatch")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        return run(), handler.levels
+    finally:
+        logger.removeHandler(handler)
+
+
+def _incident(n: int) -> dict:
+    return {"boot_id": "b0", "kernel_seq": n, "victim": {"pid": 1000 + n}, "kind": "single", "cgroup": "/a"}
+
+
+def state_too_large(scale: float) -> str:
+    from oomwatch.statefile import MAX_STATE_BYTES, StateFile
+    from oomwatch.store import Store
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "state.json")
+        with open(path, "wb") as f:  # sparse: a 75.7 MB state like issue 19's, without writing 75.7 MB
+            f.write(b'{"version":2')
+            f.truncate(75_700_000)
+        f_state = StateFile(d)
+        f_state.lock()
+        start = time.perf_counter()
+        outcome, _ = f_state.load(Store(), "b0")
+        took = time.perf_counter() - start
+        try:
+            f_state.save(Store(), {})
+            saved = "written over (wrong)"
+        except OSError:
+            saved = "not written over"
+        kept = os.path.getsize(path) == 75_700_000
+        f_state.unlock()
+    return (f"load {took * 1000:.1f} ms, cap {MAX_STATE_BYTES:,} B; outcome {outcome.split(':')[0]!r}; file kept "
+            f"{kept}, {saved}")
+
+
+def state_read_only(scale: float) -> str:
+    from oomwatch.statefile import StateFile, StateLocked, save_state
+    from oomwatch.store import Store
+
+    root = _tmpfs("1m")
+    if root is None:
+        return "skipped (needs root to mount a tmpfs)"
+    try:
+        d = os.path.join(root, "state")
+        store = Store()
+        store.set_cursor("b0", 41)
+        save_state(store, d)
+        os.unlink(os.path.join(d, ".lock"))
+        subprocess.run(["mount", "-o", "remount,ro", root], check=True)
+        f_state = StateFile(d)
+        start = time.perf_counter()
+        f_state.lock()  # before: OSError "Read-only file system: …/.lock", the agent exited 1
+        outcome, _ = f_state.load(Store(), "b0")
+        try:
+            f_state.save(Store(), {})
+            save = "saved (wrong)"
+        except OSError as exc:
+            save = "save refused: read-only" if "Read-only file system" in str(exc) else f"save refused: {exc}"
+        took = time.perf_counter() - start
+        try:
+            StateFile(d).lock()
+            second = "second agent admitted (wrong)"
+        except StateLocked:
+            second = "second agent refused"
+        f_state.unlock()
+        return f"start {took * 1000:.1f} ms; outcome {outcome!r}; {save}; {second}"
+    finally:
+        _umount(root)
+
+
+def state_full(scale: float) -> str:
+    from oomwatch.statefile import StateFile, save_state
+    from oomwatch.store import Store
+
+    root = _tmpfs("256k")
+    if root is None:
+        return "skipped (needs root to mount a tmpfs)"
+    try:
+        d = os.path.join(root, "state")
+        save_state(Store(), d)
+        f_state = StateFile(d)
+        f_state.lock()
+        f_state.load(Store(), "unknown")
+        _fill(os.path.join(root, "filler"))
+        failures = 0
+        start = time.perf_counter()
+        for _ in range(100):  # a second's saves of a storm, a hundred times over
+            try:
+                f_state.save(Store(), {})
+            except OSError:
+                failures += 1
+        took = time.perf_counter() - start
+        temps = [n for n in os.listdir(d) if n.startswith(".state-")]
+        os.unlink(os.path.join(root, "filler"))
+        f_state.save(Store(), {})
+        f_state.unlock()
+        return (f"100 saves on a full disk: {failures} failed in {took * 1000:.1f} ms, {len(temps)} temp files left; "
+                f"saving again after space is freed: {f_state.saving}")
+    finally:
+        _umount(root)
+
+
+def events_fifo(scale: float) -> str:
+    from oomwatch.sinks.events import EventsFile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "events.jsonl")
+        os.mkfifo(path)
+        events = EventsFile(path)
+        start = time.perf_counter()
+        events.open()  # before: open(2) waited for a reader for ever, before the port opened
+        took = time.perf_counter() - start
+        events.write(_incident(1))
+        events.close()
+        return f"open returned in {took * 1000:.2f} ms; failing: {events.failing!r}"[:160]
+
+
+def events_symlink(scale: float) -> str:
+    from oomwatch.sinks.events import EventsFile
+
+    with tempfile.TemporaryDirectory() as d:
+        decoy = os.path.join(d, "decoy")
+        with open(decoy, "w") as f:
+            f.write("precious\n")
+        path = os.path.join(d, "events.jsonl")
+        os.symlink(decoy, path)
+        events = EventsFile(path)
+        events.open()
+        for n in range(100):
+            events.write(_incident(n))
+        events.close()
+        return f"decoy {os.path.getsize(decoy)} bytes after 100 incidents (9 before); errors {events.errors}"
+
+
+def events_torn(scale: float) -> str:
+    from oomwatch.sinks.events import EventsFile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "events.jsonl")
+        with open(path, "wb") as f:
+            f.write(json.dumps(_incident(0)).encode() + b"\n" + b'{"boot_id":"b0","kern')
+        events = EventsFile(path)
+        events.open()
+        for n in range(1, 101):
+            events.write(_incident(n))
+        events.close()
+        parsed = 0
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    json.loads(line)
+                    parsed += 1
+                except ValueError:
+                    pass
+        return f"{parsed} of 101 incidents parse after a torn last line (before: 100, the first glued to it)"
+
+
+def events_full(scale: float) -> str:
+    from oomwatch.sinks.events import EventsFile
+
+    root = _tmpfs("256k")
+    if root is None:
+        return "skipped (needs root to mount a tmpfs)"
+    n = max(10, int(20_000 * scale))
+    try:
+        path = os.path.join(root, "events.jsonl")
+        events = EventsFile(path)
+        events.open()
+        events.write(_incident(0))
+        _fill(os.path.join(root, "filler"))
+        start = time.perf_counter()
+        _, levels = _said(lambda: [events.write(_incident(i)) for i in range(1, n + 1)])
+        took = time.perf_counter() - start
+        os.unlink(os.path.join(root, "filler"))
+        _, after = _said(lambda: events.write(_incident(n + 1)))
+        events.close()
+        return (f"{n:,} incidents on a full disk: {events.errors:,} not written, {len(levels)} log line(s) "
+                f"({', '.join(levels)}), {took / n * 1e6:.1f} us each; writing again: {after}")
+    finally:
+        _umount(root)
+
+
+WATCHER_CHILD = r"""
+import importlib.util, json, logging, os, sys, time, threading
+sys.path.insert(0, {repo!r})
+source = {source!r}
+if source:
+    spec = importlib.util.spec_from_file_location("cgroupfs_under_test", source)
+    cgroupfs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cgroupfs)
+else:
+    import oomwatch.sources.cgroupfs as cgroupfs
+limit = {limit!r}
+if limit:
+    with open("/proc/sys/user/max_inotify_watches", "w") as f:
+        f.write(str(limit))
+levels = []
+class Lines(logging.Handler):
+    def emit(self, record):
+        levels.append(record.levelname + ": " + record.getMessage()[:150])
+logging.getLogger().addHandler(Lines())
+logging.getLogger().setLevel(logging.INFO)
+added, removed = [], []
+watcher = cgroupfs.CgroupWatcher(cgroupfs.CgroupFS({tree!r}), on_added=added.append, on_removed=removed.append,
+                                 on_events=lambda p: None)
+start = time.process_time()
+found = watcher.start_watching()
+out = {{"found": len(found), "start_cpu_s": time.process_time() - start,
+        "blind": getattr(watcher, "blind", "(no such attribute)"),
+        "counts": watcher.unwatched_counts() if hasattr(watcher, "unwatched_counts") else None}}
+thread = threading.Thread(target=watcher.run, daemon=True)
+thread.start()
+print("ready", flush=True)
+expect = {expect_removed!r}
+cpu0, wall0 = time.process_time(), time.monotonic()
+while expect and len(removed) < expect and time.monotonic() - wall0 < {timeout!r}:
+    time.sleep(0.05)
+out.update(removed=len(removed), removal_cpu_s=time.process_time() - cpu0, removal_wall_s=time.monotonic() - wall0,
+           known_after=len(watcher.known()), log=levels)
+watcher.stop()
+thread.join(5)
+print(json.dumps(out), flush=True)
+"""
+
+
+def _tree(root: str, pods: int, per_pod: int) -> list[str]:
+    """/kubepods/podI/cJ, each with the four watched files; the leaf paths."""
+    leaves = []
+    for i in range(pods):
+        pod = os.path.join(root, "kubepods", f"pod{i:05d}")
+        for j in range(per_pod):
+            leaf = os.path.join(pod, f"c{j:03d}")
+            os.makedirs(leaf)
+            for name in FILES:
+                with open(os.path.join(leaf, name), "w") as f:
+                    f.write("0\n")
+            leaves.append(leaf)
+    return leaves
+
+
+def _run_watcher(tree: str, source: Optional[str], limit: Optional[int], remove: list[str],
+                 timeout: float = 600.0) -> dict:
+    prefix = ["unshare", "-U", "-r"] if limit else []
+    script = WATCHER_CHILD.format(repo=str(REPO), source=source, limit=limit, tree=tree,
+                                  expect_removed=len(remove), timeout=timeout)
+    child = subprocess.Popen(prefix + [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    for leaf in remove:  # as a runtime tears containers down (cgroupfs: rmdir alone; tmpfs: files first)
+        for name in FILES:
+            os.unlink(os.path.join(leaf, name))
+        os.rmdir(leaf)
+    out = json.loads(child.stdout.read().strip().splitlines()[-1])
+    child.wait()
+    return out
+
+
+def _sources(before: Optional[str]) -> list[tuple[str, Optional[str]]]:
+    sources: list[tuple[str, Optional[str]]] = [("now", None)]
+    if before:
+        text = subprocess.run(["git", "-C", str(REPO), "show", f"{before}:oomwatch/sources/cgroupfs.py"],
+                              capture_output=True, text=True, check=True).stdout
+        fd, path = tempfile.mkstemp(suffix=".py", prefix="cgroupfs-before-")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        sources.append((before, path))
+    return sources
+
+
+def watcher_out_of_watches(scale: float, before: Optional[str]) -> str:
+    if subprocess.run(["unshare", "-U", "-r", "true"], capture_output=True).returncode != 0:
+        return "skipped (needs unshare -U)"
+    cgroups = max(100, int(20_000 * scale))
+    # Issue 19: 192,536 watches for 100,002 cgroups (1.93 per cgroup); the same ratio here.
+    limit = int(cgroups * 1.925)
+    root = tempfile.mkdtemp(prefix="oomwatch-bench-tree-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    lines = []
+    try:
+        _tree(root, cgroups // 100, 100)
+        total = cgroups + cgroups // 100 + 2
+        for label, source in _sources(before):
+            out = _run_watcher(root, source, limit, [])
+            errors = [line for line in out["log"] if line.startswith("ERROR")]
+            lines.append(f"[{label}] {total:,} cgroups, {limit:,} watches: reported {out['found']:,}; "
+                         f"unwatched {out['counts']}; start {out['start_cpu_s']:.2f} s CPU; "
+                         f"{len(errors)} ERROR line(s): {errors[0][:110] if errors else '-'}")
+    finally:
+        shutil.rmtree(root)
+    return "\n    ".join(lines)
+
+
+def watcher_removal(scale: float, before: Optional[str]) -> str:
+    cgroups = max(100, int(20_000 * scale))
+    lines = []
+    for label, source in _sources(before):
+        root = tempfile.mkdtemp(prefix="oomwatch-bench-tree-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        try:
+            leaves = _tree(root, cgroups // 100, 100)
+            remove = leaves[::2]
+            out = _run_watcher(root, source, None, remove)
+            overflows = sum("overflowed" in line for line in out["log"])
+            lines.append(f"[{label}] removing {len(remove):,} of {cgroups:,}: {out['removed']:,} seen, watcher "
+                         f"{out['removal_cpu_s']:.2f} s CPU ({out['removal_cpu_s'] / max(1, out['removed']) * 1e3:.3f}"
+                         f" ms each), {out['removal_wall_s']:.1f} s wall, {overflows} queue overflow(s)")
+        finally:
+            shutil.rmtree(root)
+    return "\n    ".join(lines)
+
+
+def statcache_forget(scale: float) -> str:
+    from oomwatch.sources.cgroupfs import CgroupFS
+    from oomwatch.sources.statcache import StatCache, _Entry
+
+    figures = []
+    for size in (1_000, max(1_000, int(100_000 * scale))):
+        cache = StatCache(CgroupFS("/nonexistent"), max_open=0)
+        for i in range(size):
+            cache._entries[f"/pod{i}"] = _Entry()
+        start = time.perf_counter()
+        for i in range(0, 1000):
+            cache.forget(f"/pod{i}")
+        figures.append(f"{(time.perf_counter() - start):.4f} ms each at {size:,} cached")
+    return "forget: " + "; ".join(figures)
+
+
+def agent_main(scale: float, before: Optional[str]) -> None:
+    logging.getLogger("oomwatch").addHandler(logging.NullHandler())  # each case counts the lines it cares about
+    cases: list[tuple[str, Callable[[], str]]] = [
+        ("state.json of 75.7 MB (over the read cap)", lambda: state_too_large(scale)),
+        ("state directory read-only", lambda: state_read_only(scale)),
+        ("state directory full", lambda: state_full(scale)),
+        ("events file a FIFO with no reader", lambda: events_fifo(scale)),
+        ("events file a symlink to a decoy", lambda: events_symlink(scale)),
+        ("events file with a torn last line", lambda: events_torn(scale)),
+        ("events file on a full disk", lambda: events_full(scale)),
+        ("watcher out of inotify watches", lambda: watcher_out_of_watches(scale, before)),
+        ("watcher removal cost", lambda: watcher_removal(scale, before)),
+        ("stat cache removal cost", lambda: statcache_forget(scale)),
+    ]
+    for name, case in cases:
+        start = time.perf_counter()
+        result = case()
+        print(f"{name:<44} {result}  [{time.perf_counter() - start:.1f} s]", flush=True)
 
 
 if __name__ == "__main__":
