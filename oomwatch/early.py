@@ -48,12 +48,11 @@ def start_early_pump(argv: Sequence[str], environ=os.environ) -> None:
     if path is None:
         return
     from oomwatch.pump import KernelLogPump
-    from oomwatch.sources.kmsg import KmsgUnavailable
+    from oomwatch.sources.kmsg import KmsgUnavailable, open_kernel_log
     from oomwatch.sources.kmsgproc import KmsgChild
 
-    reader = KmsgChild(path)  # forked now, while the process is small and has no other thread
-    try:
-        reader.open()
+    try:  # the child is forked now, while the process is small and has no other thread
+        reader = open_kernel_log(path, kmsg_factory=KmsgChild, fallback=False).reader
     except KmsgUnavailable:
         return
     pump = KernelLogPump(reader)  # holds what it reads until the agent adopts it

@@ -29,14 +29,12 @@ from oomwatch.node import (
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.parse.kmsg import TextLogStats
 from oomwatch.sources.kmsg import (
-    LIVE_KMSG,
     SAVED,
     Garbled,
     KmsgUnavailable,
     Lost,
     kernel_log_kind,
-    open_kernel_log,
-    read_saved_log,
+    read_kernel_log,
     saved_log_verdict,
 )
 from oomwatch.reconcile import counted_incident, counted_since_creation
@@ -81,14 +79,7 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
     health: dict[str, Any] = {"source": config.kmsg, "live": live, "records": 0, "lost": 0, "parse_errors": 0,
                               "suppressed_reports": 0}
     text_stats = TextLogStats()
-    items: Iterable[Any]
-    if live:
-        opened = open_kernel_log(config.kmsg)
-        health["source"] = "syslog(2)" if opened.source == "syslog" else config.kmsg
-        items = list(opened.reader.read_available())
-        opened.reader.close()
-    else:
-        items = read_saved_log(config.kmsg, tz, text_stats)
+    health["source"], items = read_kernel_log(config.kmsg, tz, text_stats)
     incidents: list[Incident] = []
     found = 0
 

@@ -241,3 +241,12 @@ def test_standard_input_from_a_device_is_refused(monkeypatch) -> None:
         monkeypatch.setattr("sys.stdin", io.TextIOWrapper(zero))
         with pytest.raises(NotAKernelLog, match=r"standard input is a character device \(1:5\)"):
             list(read_saved_log("-"))
+
+
+def test_the_live_opener_refuses_a_path_that_is_no_live_log() -> None:
+    """open_kernel_log, shared by the agent, inspect and the early reader, would have read /dev/zero as
+    /dev/kmsg for ever."""
+    from oomwatch.sources.kmsg import open_kernel_log
+
+    with pytest.raises(NotAKernelLog, match="/dev/zero is not the live kernel log"):
+        open_kernel_log("/dev/zero")

@@ -325,12 +325,14 @@ class OpenedLog:
 
 def open_kernel_log(path: str, cursor_for=lambda source: None, kmsg_factory=None,
                     fallback: bool = True) -> OpenedLog:
-    """The live kernel log: `path` (/dev/kmsg), or syslog(2) where the device is refused (an unprivileged
-    container: the runtime's device cgroup does not list /dev/kmsg, while syslog(2) needs only CAP_SYSLOG),
-    or syslog(2) always when `path` is "syslog". `cursor_for(source)` gives the sequence to resume after.
-    Raises KmsgUnavailable naming every reason."""
-    from oomwatch.sources.klog import SyslogKmsg  # only where the fallback is needed
-
+    """The live kernel log, for the agent, `inspect` and the early reader alike: `path` (/dev/kmsg), or
+    syslog(2) where the device is refused (an unprivileged container: the runtime's device cgroup does not list
+    /dev/kmsg, while syslog(2) needs only CAP_SYSLOG), or syslog(2) always when `path` is "syslog".
+    `cursor_for(source)` gives the sequence to resume after; `kmsg_factory` makes the device's reader (LiveKmsg,
+    KmsgChild, a test's stand-in). Raises KmsgUnavailable naming every reason, NotAKernelLog for a path that
+    kernel_log_kind calls a saved log (/dev/zero read as a live log would never end)."""
+    if kmsg_factory is None and kernel_log_kind(path) == SAVED:
+        raise NotAKernelLog(f"{path} is not the live kernel log (/dev/kmsg, or `syslog`): read it as a saved log")
     device_error = None
     if path != SYSLOG_SOURCE:
         factory = kmsg_factory or LiveKmsg
@@ -342,9 +344,25 @@ def open_kernel_log(path: str, cursor_for=lambda source: None, kmsg_factory=None
             if not fallback or not isinstance(exc.__cause__, PermissionError):
                 raise
             device_error = str(exc)
+    from oomwatch.sources.klog import SyslogKmsg  # only where it is needed (ctypes, before the early fork)
+
     syslog = SyslogKmsg()
     try:
         syslog.open(after_seq=cursor_for("syslog"))
     except KmsgUnavailable as exc:
         raise KmsgUnavailable(str(exc) if device_error is None else f"{device_error}; {exc}") from exc
     return OpenedLog(syslog, "syslog", device_error)
+
+
+def read_kernel_log(path: str, tz=None, stats: Optional[TextLogStats] = None) -> tuple[str, Iterator[KmsgItem]]:
+    """Everything the kernel log `path` holds now, for a one-shot reader (`inspect`): the live log's records
+    (open_kernel_log: /dev/kmsg, else syslog(2)), or a saved log's (read_saved_log, `tz` and `stats` as
+    there). Returns (what was read: the path, or "syslog(2)"; its items)."""
+    if kernel_log_kind(path) == SAVED:
+        return path, read_saved_log(path, tz, stats)
+    opened = open_kernel_log(path)
+    try:
+        items = list(opened.reader.read_available())
+    finally:
+        opened.reader.close()
+    return ("syslog(2)" if opened.source == "syslog" else path), iter(items)

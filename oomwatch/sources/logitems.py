@@ -6,7 +6,7 @@ without importing each other.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Union
 
 from oomwatch.model import Garbled, KmsgRecord, Lost, Skipped  # kept in model: the pipeline takes them too
 
