@@ -10,7 +10,6 @@ The main thread waits for SIGTERM/SIGINT or a source that failed for good, then 
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import signal
 import threading
@@ -64,66 +63,46 @@ class Agent:
         self.view: Optional[View] = None
         self.http: Optional[HttpSink] = None
         self.connector: Optional[ProcConnector] = None
-        self.connector_error: Optional[str] = None
-        self.fatal: Optional[str] = None
+        self.fatal: Optional[str] = None  # why the agent must stop (a source failed for good)
         self._wake = threading.Event()  # a signal, or a source that failed for good
-        self._threads: list[threading.Thread] = []
+        self._loop_thread = threading.Thread(target=self._loop, name="pipeline", daemon=True)
+        self._view_at = self._posture_at = 0.0
 
     def start(self) -> None:
-        extra = self.state.load(self.store, self.proc.boot_id()) if self.state else {}
         boot_id = self.proc.boot_id()
+        extra = self.state.load(self.store, boot_id) if self.state else {}
         # The kernel log first: records are lost while anything slow runs before the reader does.
         skip = self.kernel_log.open(lambda kind: self.store.cursor_seq if (
             self.store.boot_id == boot_id and self.store.cursor_source == kind) else None)
         self.cgroups.start()
-        live = self.kernel_log.kind is not None
         settings = Settings(boot_id=boot_id, boot_time=self.config.boot_time or host_boot_time(),
-                            kmsg_source=self.kernel_log.kind, counting=live, quiet=self.config.quiet_seconds,
-                            witness_wait=0.5 if self.config.proc_connector else 0.0,
+                            kmsg_source=self.kernel_log.kind, counting=self.kernel_log.kind is not None,
+                            quiet=self.config.quiet_seconds, witness_wait=0.5 if self.config.proc_connector else 0.0,
                             persist=self.state is not None, skip_upto=skip, saved_log=self.kernel_log.saved)
         self.pipeline = Pipeline(settings, self.store, WorkloadResolver(RuntimeNames(read_files=False),
                                                                         self.pod_index),
                                  now=self.clock(), accounts=extra.get("accounts"),
                                  single_process_oom_kill=self.posture.single_process_oom_kill())
-        self._posture_at = time.monotonic()
-        self.view = self.pipeline.view()
+        self._posture_at, self.view = time.monotonic(), self.pipeline.view()  # scrapes see this until replaced
         for sink in self.sinks:
             sink.start(self.store.snapshot().incidents)
-        self._thread(self.cgroups.run, "cgroups", fatal="cgroup watcher stopped")
-        self._thread(self._loop, "pipeline")
+        threading.Thread(target=self._watch_cgroups, name="cgroups", daemon=True).start()
+        self._loop_thread.start()
         latest = _Latest(lambda: self.view)
-        self.collector = OomwatchCollector(latest, lambda: scraped_workloads(
-            self.view.workloads, self.stat_cache, self.fs, self.cgroups.watcher.unwatched_limits),
-            lambda: self.posture.info_with(self.view.single_process_oom_kill),
-            cgroup_parse_errors=lambda: self.fs.parse_errors, drop=self.config.drop_series)
+        self.collector = _collector(self, latest)
         self.http = _http(self.config, self._metrics, latest, self.health)
         self.http.start()
         if self.config.proc_connector:
-            self._start_connector()
+            self.connector = _connector(self.proc, self.events.put, self.cgroups.own_cgroup, self.clock)
         if self.pod_index is not None:
             self.pod_index.start()
         self.kernel_log.start()
         log.info("oomwatch agent listening on %s:%d (cgroups %s, kernel log %s)", *self.http.address,
                  self.config.cgroup_root, "syslog(2)" if self.kernel_log.kind == "syslog" else self.config.kmsg)
 
-    def _start_connector(self) -> None:
-        source = ProcessSource(self.proc, self.events.put, cgroup_namespace_prefix(self.proc, self.cgroups.own_cgroup))
-        connector = ProcConnector(source.exited, self.clock, on_fork=source.forked, on_exec=source.execd)
-        try:
-            connector.start()
-            self.connector = connector
-        except ProcConnectorUnavailable as exc:
-            self.connector_error = str(exc)
-            log.error("%s; group kills are reported from the kernel log alone", exc)
-
-    def _thread(self, target: Callable[[], None], name: str, fatal: Optional[str] = None) -> None:
-        def run() -> None:
-            target()
-            if fatal and not self._wake.is_set():
-                self._fail(fatal)
-        thread = threading.Thread(target=run, name=name, daemon=True)
-        self._threads.append(thread)
-        thread.start()
+    def _watch_cgroups(self) -> None:
+        self.cgroups.run()
+        self._wake.is_set() or self._fail("the cgroup watcher stopped")
 
     def _loop(self) -> None:
         """The one loop: each event through the pipeline, then what it asks for."""
@@ -146,14 +125,9 @@ class Agent:
         for level, message in fx.logs:
             log.log(level, "%s", message)
         for incident in fx.publish:
-            for sink in self.sinks:
-                try:
-                    sink.publish(incident)
-                except Exception:  # one sink's failure (an API hiccup) must not cost the others or the next
-                    log.exception("sink %s could not take an incident", type(sink).__name__)
+            publish_to(self.sinks, incident)
         if fx.save is not None and self.state is not None:
-            self.state.flush(fx.save)
-            for sink in self.sinks:
+            for sink in [self.state, *self.sinks]:  # the state first: a line never precedes what counts it
                 sink.flush(fx.save)
             self._apply(self.pipeline.step(StateSaved(self.state.error), self.clock()))
         if fx.wake_kernel_log:
@@ -163,29 +137,17 @@ class Agent:
         if fx.publish and time.monotonic() - self._posture_at > POSTURE_MAX_AGE:
             self._posture_at = time.monotonic()
             self.events.put(PostureRead(self.posture.single_process_oom_kill()))
-        if fx.changed or fx.done:
-            if fx.done or self.events.empty() or self.clock() - self._view_at >= VIEW_INTERVAL:
-                self.view, self._view_at = self.pipeline.view(), self.clock()
-        # (the view is replaced whole: a scrape holds the one it took)
-
-    _view_at = 0.0
+        # A new view (replaced whole): at once when the queue is empty, else every VIEW_INTERVAL while busy.
+        if (fx.changed or fx.done) and (fx.done or self.events.empty() or
+                                        self.clock() - self._view_at >= VIEW_INTERVAL):
+            self.view, self._view_at = self.pipeline.view(), self.clock()
 
     def _metrics(self, accept: str):
         content_type, chunks = self.collector.metrics(accept)
-        return content_type, malloc_trimmed(chunks)
+        return content_type, malloc_trimmed(chunks)  # a big scrape's garbage goes back to the kernel
 
     def health(self) -> tuple[bool, dict]:
-        kmsg_ok, kmsg = self.kernel_log.health()
-        watcher = self.cgroups.watcher
-        cgroups_ok = watcher.alive and watcher.error is None
-        detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (watcher.error or "not running")}
-        if self.fatal:
-            detail["fatal"] = self.fatal
-        if self.view is not None and self.view.state_error:  # reported, not fatal: counting goes on in memory
-            detail["state"] = self.view.state_error
-        if self.config.proc_connector:  # optional: reported, never fatal
-            detail["proc_connector"] = self.connector_error or (self.connector.error if self.connector else None) or "ok"
-        return kmsg_ok and cgroups_ok and not self.fatal, detail
+        return _health(self)
 
     def _fail(self, why: str) -> None:
         self.fatal = self.fatal or why
@@ -194,23 +156,18 @@ class Agent:
     def stop(self) -> None:
         """Sources first, then the loop publishes what is finished and saves; then the sinks close."""
         self._wake.set()
-        self.kernel_log.stop()
-        self.cgroups.stop()
-        if self.connector is not None:
-            self.connector.stop()
-        loop = next((t for t in self._threads if t.name == "pipeline"), None)
-        if loop is not None and loop.is_alive():
+        for part in (self.kernel_log, self.cgroups, self.connector):
+            if part is not None:
+                part.stop()
+        if self._loop_thread.is_alive():
             self.events.put(Stop())
-            loop.join()
-        for sink in self.sinks:
-            sink.close()
-        if self.pod_index is not None:
-            self.pod_index.stop()
-        if self.http is not None:
-            self.http.stop()
-        self.stat_cache.close()
-        if self.state is not None:
-            self.state.close()
+            self._loop_thread.join()
+        for part in [*self.sinks, self.state, self.stat_cache]:
+            if part is not None:
+                part.close()
+        for part in (self.pod_index, self.http):
+            if part is not None:
+                part.stop()
 
     def run_until_signalled(self) -> int:
         signalled = threading.Event()
@@ -220,7 +177,6 @@ class Agent:
             self._wake.set()
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        rc = 0
         try:
             try:
                 self.start()
@@ -232,13 +188,55 @@ class Agent:
             if not signalled.is_set():
                 log.error("%s; exiting in %.0f s so that the service is restarted", self.fatal, FATAL_GRACE_SECONDS)
                 signalled.wait(FATAL_GRACE_SECONDS)
-                rc = 1
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.stop()
         log.info("oomwatch agent stopped")
-        return rc
+        return 0 if signalled.is_set() and not self.fatal else 1
+
+
+def publish_to(sinks: list[Sink], incident) -> None:
+    for sink in sinks:
+        try:
+            sink.publish(incident)
+        except Exception:  # one sink's failure (an API hiccup) must not cost the others or the next
+            log.exception("sink %s could not take an incident", type(sink).__name__)
+
+
+def _health(agent: Agent) -> tuple[bool, dict]:
+    """/healthz: 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why."""
+    kmsg_ok, kmsg = agent.kernel_log.health()
+    watcher = agent.cgroups.watcher
+    cgroups_ok = watcher.alive and watcher.error is None
+    detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (watcher.error or "not running")}
+    if agent.fatal:
+        detail["fatal"] = agent.fatal
+    if agent.view is not None and agent.view.state_error:  # reported, not fatal: counting goes on in memory
+        detail["state"] = agent.view.state_error
+    if agent.config.proc_connector:  # optional: reported, never fatal
+        connector = agent.connector
+        detail["proc_connector"] = (connector.error if connector is not None else "not running") or "ok"
+    return kmsg_ok and cgroups_ok and not agent.fatal, detail
+
+
+def _collector(agent: Agent, latest: "_Latest") -> OomwatchCollector:
+    """/metrics: the pipeline's latest snapshot, and each workload's cgroup files read at the scrape."""
+    return OomwatchCollector(latest, lambda: scraped_workloads(
+        agent.view.workloads, agent.stat_cache, agent.fs, agent.cgroups.watcher.unwatched_limits),
+        lambda: agent.posture.info_with(agent.view.single_process_oom_kill),
+        cgroup_parse_errors=lambda: agent.fs.parse_errors, drop=agent.config.drop_series)
+
+
+def _connector(proc: Proc, emit, own_cgroup: Optional[str], clock) -> Optional[ProcConnector]:
+    source = ProcessSource(proc, emit, cgroup_namespace_prefix(proc, own_cgroup))
+    connector = ProcConnector(source.exited, clock, on_fork=source.forked, on_exec=source.execd)
+    try:
+        connector.start()
+    except ProcConnectorUnavailable as exc:
+        connector.error = str(exc)
+        log.error("%s; group kills are reported from the kernel log alone", exc)
+    return connector
 
 
 def _pod_index(config: Config):
