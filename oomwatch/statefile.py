@@ -86,10 +86,10 @@ class StateFile:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, 0o600)
         except OSError as exc:
+            self.problem = f"{lock_path}: {_reason(exc)}; the state is not saved"
             try:  # an existing .lock on a read-only directory: flock needs no write access
                 fd = os.open(lock_path, os.O_RDONLY | _OPEN_FLAGS)
             except OSError:
-                self.problem = f"{lock_path}: {_reason(exc)}; the state is not saved"
                 return False
         try:
             mode = os.fstat(fd).st_mode
@@ -198,8 +198,11 @@ class StateFile:
         try:
             self._save(store, extra)
         except OSError as exc:
-            self.problem = str(exc.strerror or exc)
-            raise
+            reason = exc.strerror or str(exc)
+            if self.dir not in reason:  # mkstemp's own error names only its temp file, in exc.filename
+                reason = f"{reason} (writing {self.path})"
+            self.problem = reason
+            raise OSError(exc.errno, reason) from exc
         self.problem = None
 
     def _save(self, store: Store, extra: dict) -> None:
@@ -227,19 +230,14 @@ class StateFile:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
-        except BaseException as exc:
+        except BaseException:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
-            if isinstance(exc, OSError) and not exc.filename:
-                raise OSError(exc.errno, f"{exc.strerror or exc} (writing {self.path})") from exc
             raise
         if self._dir_fd is not None:
-            try:  # the rename itself survives a crash only once the directory is on disk
-                os.fsync(self._dir_fd)
-            except OSError as exc:
-                raise OSError(exc.errno, f"{exc.strerror or exc} (writing {self.dir})") from exc
+            os.fsync(self._dir_fd)  # the rename itself survives a crash only once the directory is on disk
 
 
 class _Unreadable(Exception):

@@ -189,3 +189,17 @@ def test_a_missing_directory_that_cannot_be_created_degrades(tmp_path: Path) -> 
     with pytest.raises(OSError, match="Not a directory"):
         f.save(Store(), {})
     f.unlock()
+
+
+def test_every_failed_save_names_the_file(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "ro") as root:
+        state_dir = root / "state"
+        write_state(state_dir)
+        remount_read_only(root)
+        f = StateFile(str(state_dir))
+        f.lock()  # .lock is there: opened read-only and locked, so the save goes on to mkstemp
+        assert f.load(Store(), BOOT)[0] == "restored"
+        with pytest.raises(OSError) as raised:  # mkstemp's error names only its temp file
+            f.save(Store(), {})
+        f.unlock()
+    assert raised.value.strerror == f"Read-only file system (writing {state_dir}/state.json)" == f.problem
