@@ -250,3 +250,24 @@ def test_the_live_opener_refuses_a_path_that_is_no_live_log() -> None:
 
     with pytest.raises(NotAKernelLog, match="/dev/zero is not the live kernel log"):
         open_kernel_log("/dev/zero")
+
+
+def test_a_coloured_dmesg_gives_the_same_group_kill() -> None:
+    """`dmesg --color=always` (or a terminal captured with `script`): colour sequences around the time stamp
+    and the text before its first colon hid every OOM line."""
+    coloured = b"".join(
+        (b"\x1b[32m" + line[:line.index(b"]") + 1] + b"\x1b[0m \x1b[33m" + line[line.index(b"]") + 2:]
+         .replace(b":", b"\x1b[0m:", 1) + b"\n") if line.startswith(b"[") else line + b"\n"
+        for line in GROUP_419.read_bytes().splitlines())
+    assert b"\x1b[" in coloured
+    assert kills_of("-", input=coloured) == [GROUP_KILLED]
+
+
+@pytest.mark.parametrize("data,said", [
+    (b"LPKSHHRH" + bytes(200), "a systemd journal file (read it with journalctl --file)"),
+    (b"PK\x03\x04" + bytes(200), "a zip archive"),
+    (b"%PDF-1.7\n" + bytes(range(256)) * 4, "a PDF"),
+])
+def test_binary_files_are_named(data: bytes, said: str) -> None:
+    with pytest.raises(NotText, match=said.replace("(", r"\(").replace(")", r"\)")):
+        list(text_lines([data], TextLogStats()))

@@ -145,6 +145,8 @@ _RAW = re.compile(r"^\d{1,20},\d{1,20},\d{1,20},[^;]{0,256};")
 _PLAIN_DMESG = re.compile(rb"\[ *(\d{1,11})\.(\d{1,9})\] (?!\[ *[TC]\d)(?!\S{0,255} kernel(?:\[\d{1,10}\])?: )"
                           rb"(?![\w.-]{0,255} [^\s:\[\]]{1,128}\[\d{1,10}\]: )")
 _RAW_FIELD = re.compile(rb"^ [A-Za-z0-9_.-]{1,64}=")
+# Terminal colour and cursor sequences (CSI, and the OSC of a title), as `dmesg --color=always` writes them.
+_ANSI = re.compile(rb"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,2}[@-~]|\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)?)")
 # `journalctl -o verbose`: a head line (the date, then the entry's cursor, whose `t=` is its realtime in hex
 # microseconds), then its fields indented, `    MESSAGE=…`.
 _VERBOSE_HEAD = re.compile(rb"^(?:\S{1,16} )?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})? \S{1,64} "
@@ -597,6 +599,8 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
     for raw_line in _bounded_lines(lines, stats):
         if b"\x00" in raw_line:  # a NUL ending each line would hide every line's prefix
             raw_line = raw_line.replace(b"\x00", b"")
+        if b"\x1b" in raw_line:  # `dmesg --color=always`, a terminal capture: the kernel's text never holds ESC
+            raw_line = _ANSI.sub(b"", raw_line)
         line_bytes = raw_line.rstrip(b"\r\n")
         if pending is not None:
             if _RAW_FIELD.match(line_bytes):
