@@ -327,3 +327,19 @@ def test_journalctl_verbose_entries_are_records() -> None:
     assert [(r.priority, r.usec, r.text, r.wall_time) for r in records] == [
         (3, 7245118000, "Memory cgroup out of memory: Killed process", 0x64fd3ffe95b28 / 1e6)]
     assert stats.formats == {"journal verbose": 1} and stats.other == 1
+
+
+@pytest.mark.parametrize("prefix", ["1234:", "kern.log:", "/var/log/kern.log.1:88:", "/var/log/kern.log.1:88-",
+                                    "dmesg.txt:7:"])
+def test_grep_file_and_line_prefixes_are_dropped(prefix: str) -> None:
+    """`grep -n oom /var/log/kern.log*` pastes: the OOM line was bare text starting with `1234:`."""
+    for line in ("[  900.000070] Killed process 5125 (python3) total-vm:219732kB",
+                 "May 15 23:09:30 node kernel: [  518.050606] Out of memory: Killed process 15784 (python3)",
+                 "2026-11-20T10:15:01+0000 node-7 kernel: Killed process 9120 (java)"):
+        stats = TextLogStats()
+        records = list(parse_text_log([(prefix + line).encode()], tz=dt.timezone.utc, stats=stats))
+        assert [r.text.partition("Killed")[1] for r in records] == ["Killed"] and "bare" not in stats.formats
+    # Lines that merely start with digits and a colon or dash are left alone.
+    for line in ("2026-11-20T10:15:01+0000 node-7 kernel: x", "6,339,5140559,-;x", "12:30 lunch"):
+        stats = TextLogStats()
+        assert [r.text for r in parse_text_log([line.encode()], stats=stats)][0].endswith(("x", "lunch"))

@@ -145,6 +145,12 @@ _RAW = re.compile(r"^\d{1,20},\d{1,20},\d{1,20},[^;]{0,256};")
 _PLAIN_DMESG = re.compile(rb"\[ *(\d{1,11})\.(\d{1,9})\] (?!\[ *[TC]\d)(?!\S{0,255} kernel(?:\[\d{1,10}\])?: )"
                           rb"(?![\w.-]{0,255} [^\s:\[\]]{1,128}\[\d{1,10}\]: )")
 _RAW_FIELD = re.compile(rb"^ [A-Za-z0-9_.-]{1,64}=")
+# `grep -H` / `grep -n` output: `kern.log:May 15 …`, `1234:[ 5.1] …`, `/var/log/kern.log.1:88-…` (context
+# lines with `-`): the prefix is dropped where a kernel log line follows it.
+_GREP_PREFIX = re.compile(
+    rb"^(?:[^\s:\[<{#][^\s:]{0,4095}:(?:\d{1,10}[:-])?|\d{1,10}[:-])"
+    rb"(?=\[ *\d|\[[A-Z][a-z]{2} |<\d|\d{1,20},\d{1,20},|[A-Z][a-z]{2} [ \d]\d |\d{4}-\d\d-\d\d[T ]|[A-Z][a-z]{2} \d{4}-|"
+    rb"\d{9,11}\.\d|[a-z]{2,8} *:[a-z]{2,6} *:)")
 # Terminal colour and cursor sequences (CSI, and the OSC of a title), as `dmesg --color=always` writes them.
 _ANSI = re.compile(rb"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,2}[@-~]|\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)?)")
 # `journalctl -o verbose`: a head line (the date, then the entry's cursor, whose `t=` is its realtime in hex
@@ -616,6 +622,10 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
             continue
         stats.lines += 1
         indent = len(line_bytes) - len(body)
+        if body[:1] not in b"[<{#":
+            grep = _GREP_PREFIX.match(body)
+            if grep is not None:
+                body = body[grep.end():]
         if entry is not None:
             field_match = _VERBOSE_FIELD.match(body) if indent else None
             if field_match is not None:
