@@ -160,6 +160,7 @@ class CorrelatorStats:
     suppressed_reports: int = 0  # headers/summaries the kernel's ratelimit hid (`N callbacks suppressed`)
     invocations_without_kill: int = 0
     rejected: int = 0  # OOM lines from a facility other than the kernel's (forged through /dev/kmsg)
+    late_reprints: int = 0  # a group kill's victim reprinted after its incident was complete
     first_rejected: Optional[str] = None
 
 
@@ -200,6 +201,7 @@ class Correlator:
         self.stats = CorrelatorStats()
         self.last_seq: Optional[int] = None
         self._gap = False  # records were lost since the last report began
+        self._last_group_victim: Optional[int] = None  # the victim of the last group kill, until it is reprinted
         # `oom-kill:` summaries not yet matched to their victim's kill line, by pid: two reports whose lines
         # interleave (two CPUs, or a paste that merged logs) each find their own summary.
         self._summaries: dict[int, tuple[OomSummary, Optional[int]]] = {}
@@ -235,6 +237,7 @@ class Correlator:
             self._finish()
         elif kind is OomInvoked:
             self._finish()
+            self._last_group_victim = None  # a new report: the last listing is over
             self._open = self._began(_Builder(first_seq=record.seq, invoked=line), True)
         elif kind is OomStackTask:
             if b is not None and b.invoked is not None and b.stack_task is None and not b.kills:
@@ -309,6 +312,15 @@ class Correlator:
 
     def _on_killed(self, line: OomKilled, record: KmsgRecord, when: float) -> None:
         b = self._open
+        if b is None and line.pid == self._last_group_victim:
+            # The reprint of a group kill's victim that came after the log had gone quiet and the incident was
+            # complete (an emulated or loaded node can pause the listing for longer than the quiet window). A
+            # process is killed once: a second kill line of the same pid is never a new incident. (Its line is
+            # left to the reconciler, which takes lines left over in a memory.oom.group=1 cgroup as its own.)
+            self._last_group_victim = None
+            self.stats.late_reprints += 1
+            return
+        self._last_group_victim = None
         if b is not None and b.kills and line.pid in b.pid_set:
             # The victim's reprint inside its group listing: only a group kill prints a pid twice.
             b.reprints += 1
@@ -398,6 +410,8 @@ class Correlator:
             self.stats.invocations_without_kill += 1
             return
         incident = self._build(b)
+        if incident.kind == "group" and not b.reprints and incident.victim is not None:
+            self._last_group_victim = incident.victim.pid  # its reprint has not come yet
         if self._held is not None:
             self._out.append(self._held)
         self._held, self._held_first_seq = incident, b.first_seq

@@ -56,7 +56,6 @@ class KernelLogSource:
             return cursor_for("file")  # the records a replay before this one already counted
         if early is not None and self.path == "/dev/kmsg" and self._factory is None:
             self.pump, self.kind = early, "kmsg"
-            early.adopt(self._emit, self._reopen)
             return cursor_for("kmsg")
         if early is not None:
             early.stop()
@@ -72,12 +71,16 @@ class KernelLogSource:
                         "(and every %.0f s)", opened.fallback, opened.reader.fallback_interval)
         self._prefilter(opened.reader)
         self.kind = opened.source
-        self.pump = KernelLogPump(opened.reader, self._emit, reopen=self._reopen, syslog=self.kind == "syslog")
+        # Read from now on, but held until start(): the pipeline must know the cgroups before the records.
+        self.pump = KernelLogPump(opened.reader, None, reopen=self._reopen, syslog=self.kind == "syslog")
         self.pump.start()
         return None
 
     def start(self) -> None:
-        """A saved log's replay starts once the rest of the agent is up."""
+        """Hand what was read since open() to the pipeline, and go on (once the cgroup tree has been emitted:
+        records of a backlog name cgroups and pids the pipeline must know first). A saved log's replay starts."""
+        if self.pump is not None:
+            self.pump.adopt(self._emit, self._reopen)
         if self._replay is not None:
             self._replay.start()
 
