@@ -75,10 +75,19 @@ out = {"found": len(found), "blind": watcher.blind, "counts": watcher.unwatched_
        "unwatched_limits": len(watcher.unwatched_limits), "watch_errors": watcher.watch_errors}
 thread = threading.Thread(target=watcher.run, daemon=True)
 thread.start()
-# A cgroup made under a directory inotify does not watch is found by the listing, late but not never.
+# A cgroup made under a directory inotify does not watch is found by the listing, late but not never, and
+# however busy inotify is (a watched memory.events moving every 10 ms).
+busy = threading.Event()
+def churn():
+    while not busy.is_set():
+        with open(TREE + "/pod00/memory.events", "w") as f:
+            f.write("oom 1\\n")
+        time.sleep(0.01)
+threading.Thread(target=churn, daemon=True).start()
 last = sorted(found)[-1]
 os.mkdir(TREE + last + "/late")
 out["late_found"] = wait(lambda: last + "/late" in seen["added"])
+busy.set()
 set_limit(100000)
 out["watched_again"] = wait(lambda: watcher.blind is None)
 out["counts_after"] = watcher.unwatched_counts()

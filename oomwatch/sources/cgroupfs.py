@@ -451,16 +451,17 @@ class CgroupWatcher:
         try:
             while True:
                 # Blocks for good while everything is watched; wakes to list unwatched directories otherwise.
-                timeout = None
-                if self._unwatched_dirs:
-                    timeout = max(0, int((rescan_at - time.monotonic()) * 1000))
+                unwatched = bool(self._unwatched_dirs or self._starved or self._unreadable)
+                timeout = max(0, int((rescan_at - time.monotonic()) * 1000)) if unwatched else None
                 ready = {fd for fd, _ in poller.poll(timeout)}
                 if self._stop_r in ready:
                     return
-                if not ready:
+                if unwatched and time.monotonic() >= rescan_at:  # due, however busy inotify is
                     self._rescan_unwatched()
-                    rescan_at = time.monotonic() + UNWATCHED_RESCAN_SECONDS
                     self._say()
+                if time.monotonic() >= rescan_at:
+                    rescan_at = time.monotonic() + UNWATCHED_RESCAN_SECONDS
+                if self._inotify.fileno() not in ready:
                     continue
                 # Coalesced per read: a cgroup whose memory.events moved five times since the last read is
                 # read once (an OOM storm moves every ancestor's counters with every kill).
