@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from oomwatch.config import Config
 from oomwatch.events import PostureRead, StateSaved, Stop, Tick
-from oomwatch.node import NodePosture, host_boot_time, scraped_workloads
+from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, scraped_workloads
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
 from oomwatch.process import malloc_trimmed
 from oomwatch.sinks import EventsFileSink, LogSink, PodEventSink, Sink, StateFileSink
@@ -52,11 +52,12 @@ class Agent:
         self.fs, self.proc = CgroupFS(config.cgroup_root), Proc(config.proc)
         self.posture = NodePosture(config, self.proc)
         self.pod_index = _pod_index(config)
-        names = RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir)
         self.stat_cache = StatCache(self.fs)
         self.kernel_log = KernelLogSource(config.kmsg, self.events.put, factory=kmsg_factory, early_pump=early_pump)
-        self.cgroups = CgroupSource(self.fs, WorkloadResolver(names, self.pod_index), self.events.put,
-                                    stat_cache=self.stat_cache, on_kill=self.kernel_log.wake)
+        names = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir),
+                                 self.pod_index)  # the bundles' names, read by the cgroup source
+        self.cgroups = CgroupSource(self.fs, names, self.events.put, stat_cache=self.stat_cache,
+                                    on_kill=self.kernel_log.wake)
         self.state = StateFileSink(StateFile(config.state_dir)) if config.state_dir else None
         self.sinks: list[Sink] = [LogSink(log)] + _sinks(config, self.pod_index)
         self.store = Store(grace_seconds=config.grace_period)
@@ -67,8 +68,10 @@ class Agent:
         self._wake = threading.Event()  # a signal, or a source that failed for good
         self._loop_thread = threading.Thread(target=self._loop, name="pipeline", daemon=True)
         self._view_at = self._posture_at = 0.0
+        self.blind: Optional[str] = None  # why it cannot see the cgroups
 
     def start(self) -> None:
+        self.blind = _blind(self.config, self.posture)  # why it cannot see the cgroups (a missing root raises)
         boot_id = self.proc.boot_id()
         extra = self.state.load(self.store, boot_id) if self.state else {}
         # The kernel log first: records are lost while anything slow runs before the reader does.
@@ -86,7 +89,8 @@ class Agent:
         self._posture_at, self.view = time.monotonic(), self.pipeline.view()  # scrapes see this until replaced
         for sink in self.sinks:
             sink.start(self.store.snapshot().incidents)
-        threading.Thread(target=self._watch_cgroups, name="cgroups", daemon=True).start()
+        threading.Thread(target=_until_failed, args=(self, self.cgroups.run, "the cgroup watcher stopped"),
+                         name="cgroups", daemon=True).start()
         self._loop_thread.start()
         latest = _Latest(lambda: self.view)
         self.collector = _collector(self, latest)
@@ -99,10 +103,6 @@ class Agent:
         self.kernel_log.start()
         log.info("oomwatch agent listening on %s:%d (cgroups %s, kernel log %s)", *self.http.address,
                  self.config.cgroup_root, "syslog(2)" if self.kernel_log.kind == "syslog" else self.config.kmsg)
-
-    def _watch_cgroups(self) -> None:
-        self.cgroups.run()
-        self._wake.is_set() or self._fail("the cgroup watcher stopped")
 
     def _loop(self) -> None:
         """The one loop: each event through the pipeline, then what it asks for."""
@@ -208,8 +208,8 @@ def _health(agent: Agent) -> tuple[bool, dict]:
     """/healthz: 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why."""
     kmsg_ok, kmsg = agent.kernel_log.health()
     watcher = agent.cgroups.watcher
-    cgroups_ok = watcher.alive and watcher.error is None
-    detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (watcher.error or "not running")}
+    cgroups_ok = watcher.alive and watcher.error is None and not agent.blind
+    detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (agent.blind or watcher.error or "not running")}
     if agent.fatal:
         detail["fatal"] = agent.fatal
     if agent.view is not None and agent.view.state_error:  # reported, not fatal: counting goes on in memory
@@ -218,6 +218,20 @@ def _health(agent: Agent) -> tuple[bool, dict]:
         connector = agent.connector
         detail["proc_connector"] = (connector.error if connector is not None else "not running") or "ok"
     return kmsg_ok and cgroups_ok and not agent.fatal, detail
+
+
+def _until_failed(agent: Agent, run: Callable[[], None], why: str) -> None:
+    """A source's thread: when it returns before the agent stops, the agent must stop."""
+    run()
+    if not agent._wake.is_set():
+        agent._fail(why)
+
+
+def _blind(config: Config, posture: NodePosture) -> Optional[str]:
+    problem = cgroup_root_problem(config.cgroup_root, posture.cgroup_version)
+    if problem:
+        log.error("cannot see the cgroups: %s; /healthz says so (503)", problem)
+    return problem
 
 
 def _collector(agent: Agent, latest: "_Latest") -> OomwatchCollector:

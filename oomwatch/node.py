@@ -15,6 +15,7 @@ from oomwatch.model import CgroupStats, Workload
 from oomwatch.nodestate import is_workload
 from oomwatch.sinks.collector import NodeInfo
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
+from oomwatch.sources.cgroupfs import cat as cat_text
 from oomwatch.store import Labels
 from oomwatch.workloads import WorkloadResolver, scope_of
 from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
@@ -38,6 +39,28 @@ def with_effective_oom_group(fs: CgroupFS, workload: Workload, stats: CgroupStat
         if child is not None and child.oom_group:
             return replace(stats, oom_group=child.oom_group)
     return stats
+
+
+def cgroup_root_problem(root: str, version: str) -> Optional[str]:
+    """Why the agent cannot see workloads' memory at `root` (None: it can). `version` is Proc.cgroup_version's.
+    Raises FileNotFoundError when `root` does not exist: a mistyped host path is a start failure, not an agent
+    that is green and blind."""
+    import os
+
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"--cgroup-root {root} does not exist (where is the host's /sys/fs/cgroup "
+                                "mounted? in a DaemonSet, mount it and point --cgroup-root at it)")
+    controllers = cat_text(os.path.join(root, "cgroup.controllers"))
+    if version in ("hybrid", "v1"):
+        return (f"memory is on a cgroup v1 hierarchy on this host ({version}): {root} holds no cgroup v2 memory "
+                "controller, so no workload's memory.events can be read (boot the node with "
+                "systemd.unified_cgroup_hierarchy=1, as Kubernetes 1.31+ wants)")
+    if controllers is None:
+        return f"{root} is not a cgroup v2 hierarchy (it has no cgroup.controllers): point --cgroup-root at one"
+    if "memory" not in controllers.split():
+        return (f"the memory controller is not enabled at {root} (its cgroup.controllers lists "
+                f"{controllers.strip() or 'nothing'}): no workload's memory.events can be read")
+    return None
 
 
 def scraped_workloads(workloads: tuple[tuple[str, Labels, Workload], ...], cache, fs: CgroupFS,

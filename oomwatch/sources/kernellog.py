@@ -19,7 +19,9 @@ from oomwatch.sources.kmsg import (
     is_saved_log,
     open_kernel_log,
     read_saved_log,
+    saved_log_verdict,
 )
+from oomwatch.parse.kmsg import TextLogStats
 from oomwatch.sources.kmsgproc import KmsgChild
 
 log = logging.getLogger(__name__)
@@ -101,8 +103,9 @@ class KernelLogSource:
         a replay got, and the next replay of the same log counts nothing twice however long it is."""
         batch: list = []
         index = 0
+        stats = TextLogStats()
         try:
-            for item in read_saved_log(self.path):
+            for item in read_saved_log(self.path, stats=stats):
                 if isinstance(item, KmsgRecord):
                     if item.seq is None:
                         item = item._replace(seq=index)
@@ -119,6 +122,10 @@ class KernelLogSource:
             self.error = str(exc)
             log.error("cannot read saved kernel log: %s", self.error)
             return
+        verdict = saved_log_verdict(self.path, stats)
+        if verdict is not None:  # nothing in it is a kernel log: say so, never replay it silently
+            self.error = verdict
+            log.error("saved kernel log: %s", verdict)
         self._emit(KernelLog(batch, drained_at=0.0))
         self.replayed = True
         self._emit(KernelLogEnded(saved=True))
