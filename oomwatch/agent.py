@@ -212,12 +212,14 @@ def _health(agent: Agent) -> tuple[bool, dict]:
     detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (agent.blind or watcher.error or "not running")}
     if agent.fatal:
         detail["fatal"] = agent.fatal
+    if agent.view is not None and agent.view.workloads_over_cap:  # blind to those: not healthy
+        detail["workloads"] = f"{agent.view.workloads_over_cap} live workloads over the cap are not exported"
     if agent.view is not None and agent.view.state_error:  # reported, not fatal: counting goes on in memory
         detail["state"] = agent.view.state_error
     if agent.config.proc_connector:  # optional: reported, never fatal
         connector = agent.connector
         detail["proc_connector"] = (connector.error if connector is not None else "not running") or "ok"
-    return kmsg_ok and cgroups_ok and not agent.fatal, detail
+    return kmsg_ok and cgroups_ok and not agent.fatal and "workloads" not in detail, detail
 
 
 def _until_failed(agent: Agent, run: Callable[[], None], why: str) -> None:

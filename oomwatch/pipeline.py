@@ -66,6 +66,7 @@ class View(NamedTuple):
     workloads: tuple[tuple[str, Labels, Workload], ...]  # (cgroup, series labels, identity), one per cgroup
     single_process_oom_kill: str
     state_error: Optional[str]
+    workloads_over_cap: int = 0  # live workloads left without series: the store is full of live ones
 
     def snapshot(self) -> Snapshot:  # what the HTTP sink and the collector ask of a store
         return self.store
@@ -113,6 +114,7 @@ class Pipeline:
         self._saved_at = now
         self.state_error: Optional[str] = None
         self._identities: dict[str, Workload] = {}
+        self._over_cap: set[str] = set()  # workload cgroups the full store could not take (exported when it can)
         self._handlers: dict[type, Callable[[Any, Effects], None]] = {
             KernelLog: self._kernel_log, CgroupAdded: self._cgroup_added, CgroupChanged: self._cgroup_changed,
             CgroupRemoved: self._cgroup_removed, ProcessForked: self._forked, ProcessExeced: self._execd,
@@ -143,8 +145,10 @@ class Pipeline:
         return min((t for t in times if t is not None), default=None)
 
     def view(self) -> View:
-        workloads = tuple((path, labels, self._identities[path]) for path, labels in self.node.workloads.items())
-        return View(self.store.snapshot(), workloads, self.single_process_oom_kill, self.state_error)
+        over = self._over_cap
+        workloads = tuple((path, labels, self._identities[path]) for path, labels in self.node.workloads.items()
+                          if path not in over)
+        return View(self.store.snapshot(), workloads, self.single_process_oom_kill, self.state_error, len(over))
 
     def state(self) -> dict[str, Any]:
         """The state file's content: the store, the cursor and the reconciler's accounts."""
@@ -253,6 +257,10 @@ class Pipeline:
 
     def _cgroup_removed(self, event: CgroupRemoved, fx: Effects) -> None:
         self._identities.pop(event.path, None)
+        if event.path in self._over_cap:
+            self._over_cap.discard(event.path)
+            if not self._over_cap:
+                fx.logs.append((logging.INFO, "every live workload is exported again"))
         labels = self.node.cgroup_removed(event.path)
         if labels is not None:
             self.store.gone(labels)
@@ -275,10 +283,25 @@ class Pipeline:
         old = self.node.set_workload(path, labels)
         if old == labels:
             return
-        self.store.seen(labels)
+        self._export(path, labels, fx)
         if old is not None:
             self.store.forget_unused(old)
         fx.changed = True
+
+    def _export(self, path: str, labels: Labels, fx: Effects) -> None:
+        """Series for a live workload, unless the store is full of live ones (then it is left out, said once
+        when that starts and once when every workload has its series again)."""
+        if self.store.seen(labels):
+            if self._over_cap:
+                self._over_cap.discard(path)
+                if not self._over_cap:
+                    fx.logs.append((logging.INFO, "every live workload is exported again"))
+            return
+        if not self._over_cap:
+            fx.logs.append((logging.ERROR, f"more than {self.store.max_workloads} live workloads: the ones beyond "
+                                           "are not exported (oomwatch_workloads_over_cap, /healthz); their kills "
+                                           "are still in /incidents and the events file"))
+        self._over_cap.add(path)
 
     def _forked(self, event: ProcessForked, fx: Effects) -> None:
         self.node.process_forked(event.parent, event.parent_task, event.child)
@@ -346,6 +369,8 @@ class Pipeline:
         next_expiry = self.store.next_expiry()
         if next_expiry is not None and next_expiry <= now:
             self.store.expire()
+            for path in list(self._over_cap):  # room was made: those left out get their series
+                self._export(path, self.node.workloads[path], fx)
             fx.changed = True
         if self._dirty and self.settings.persist and (
                 now - self._saved_at >= SAVE_INTERVAL or (self._caught_up and not correlator.pending)):

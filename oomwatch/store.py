@@ -6,15 +6,13 @@ immutable copy the pipeline hands them. The state directory (atomic writes, lock
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from oomwatch.model import Incident
 
@@ -155,10 +153,25 @@ class Store:
         self._keys.append(list(key))
         self._key_set.add(key)
 
-    def seen(self, labels: Labels) -> None:
-        """A live workload: its counters exist (at 0 before its first kill) and it is not gone."""
-        self._workloads.setdefault(labels, WorkloadCounters()).gone_since = None
-        self._cap()
+    def seen(self, labels: Labels) -> bool:
+        """A live workload: its counters exist (at 0 before its first kill) and it is not gone. False when the
+        store is full of live workloads (max_workloads): this one gets no series, and the caller says so."""
+        counters = self._workloads.get(labels)
+        if counters is None:
+            if len(self._workloads) >= self.max_workloads and not self._drop_oldest_gone():
+                return False
+            counters = self._workloads[labels] = WorkloadCounters()
+        counters.gone_since = None
+        return True
+
+    def _drop_oldest_gone(self) -> bool:
+        oldest = min(((c.gone_since, labels) for labels, c in self._workloads.items() if c.gone_since is not None),
+                     default=None)
+        if oldest is None:
+            return False
+        del self._workloads[oldest[1]]
+        self._dropped += 1
+        return True
 
     def _cap(self) -> None:
         """At most `max_workloads` series sets (a node running short-lived Slurm steps, Jobs or systemd scopes
