@@ -19,7 +19,8 @@ from typing import Iterator
 import pytest
 
 from oomwatch.sinks.http import HttpSink, registry_scrape_key
-from oomwatch.sinks.httpserver import HeadError, Limits, Throttled, client_key, parse_head
+from oomwatch.sinks.httpserver import (Check, HeadError, HttpServer, Limits, Response, Throttled, client_key,
+                                       parse_head)
 from oomwatch.sinks.webconfig import WebSettings
 from tests.conftest import wait_for
 
@@ -544,7 +545,6 @@ def basic_auth_sink(metrics: Metrics, **limits) -> tuple[HttpSink, threading.Eve
         return real(encoded)
 
     sink._basic._bcrypt = slow_bcrypt
-    sink._basic._share = 1.0  # no pacing: a check held here would count as CPU spent
     return sink, checked, calls
 
 
@@ -605,7 +605,7 @@ def test_healthz_is_answered_while_a_password_check_runs() -> None:
         sink.stop()
 
 
-def test_one_check_waits_per_client_and_clients_are_checked_in_turn() -> None:
+def test_one_check_waits_per_client_and_the_least_recently_checked_goes_first() -> None:
     metrics = Metrics()
     sink, checked, calls = basic_auth_sink(metrics, max_checks_waiting=2)
     checked.clear()
@@ -631,7 +631,8 @@ def test_one_check_waits_per_client_and_clients_are_checked_in_turn() -> None:
         for t in threads:
             t.join(timeout=5)
         assert statuses["127.0.0.2"] == [429, 401, 401] and statuses["127.0.0.3"] == [401]
-        assert [base64.b64decode(c).decode()[-1] for c in calls] == ["a", "b", "d"]
+        # 127.0.0.3 never had a check: it goes before 127.0.0.2's second, which waited longer.
+        assert [base64.b64decode(c).decode()[-1] for c in calls] == ["a", "d", "b"]
         assert get_as(sink, authorization("prometheus", "s3cret")) == 200
     finally:
         checked.set()
@@ -722,3 +723,36 @@ def test_a_scrape_that_ends_while_its_last_chunk_is_sent_is_finished_for_its_cli
 
         sink.server._advance = advance_then_let_the_worker_end
         assert get(sink, timeout=3) == (200, BODY * 3)
+
+
+def test_checks_take_at_most_their_share_of_a_core() -> None:
+    """Three clients' checks of 50 ms of CPU each, with check_cpu_share 0.25: each starts at least 150 ms after
+    the previous one ended, whatever the clients do."""
+    runs: list[tuple[float, float]] = []
+
+    def burn() -> None:
+        started, cpu = time.monotonic(), time.thread_time()
+        while time.thread_time() - cpu < 0.05:
+            pass
+        runs.append((started, time.monotonic()))
+
+    def handler(request):
+        return Check(request.client, burn, lambda _: Response(200, "text/plain", b"ok\n"),
+                     Response(429, "text/plain", b"busy\n"))
+
+    server = HttpServer(("127.0.0.1", 0), handler, lambda key: ("text/plain", [b""]),
+                        limits=Limits(check_cpu_share=0.25))
+    server.start()
+    try:
+        socks = [socket.create_connection(server.address, timeout=5, source_address=(f"127.0.0.{n}", 0))
+                 for n in (1, 2, 3)]
+        for sock in socks:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        for sock in socks:
+            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
+            sock.close()
+    finally:
+        server.stop()
+    assert len(runs) == 3
+    for (_, ended), (started, _) in zip(runs, runs[1:]):
+        assert started - ended >= 0.15 - 0.01, runs

@@ -24,8 +24,10 @@ What a client can make this server do, at most:
   gone before its scrape starts costs nothing. At most `max_bodies` finished scrape bodies stay in memory for
   slow readers; the slowest are dropped beyond.
 - wait for a slow check the route asks for (`Check`: a bcrypt password check) on the check thread, one check
-  at a time, clients served in turn, at most one waiting per client and `max_checks_waiting` in all (beyond,
-  the route's `busy` answer): the loop keeps answering meanwhile.
+  at a time and at most `check_cpu_share` of a core in all, at most one waiting per client and
+  `max_checks_waiting` in all (beyond, the route's `busy` answer); the client whose last check is oldest (or
+  who never had one) goes first, so a guesser's queue does not delay a scraper's first check. The loop keeps
+  answering meanwhile.
 - no request bodies: a request with one is answered 400 and the connection closed.
 - log: at most one line per kind of misbehaviour every 10 s (with how many were left out), never a traceback
   per connection.
@@ -48,7 +50,7 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
@@ -69,6 +71,7 @@ class Limits:
     max_bodies: int = 3  # finished scrape bodies kept for clients still reading them
     max_pipelined: int = 16  # requests answered from one burst before the client reads (Prometheus sends 1)
     max_checks_waiting: int = 64  # clients waiting for a password check
+    check_cpu_share: float = 0.25  # of one core, at most, for checks: after one of c CPU seconds, c × 3 without
 
 
 DEFAULT_LIMITS = Limits()
@@ -318,8 +321,10 @@ class HttpServer:
         self._ready: deque[_Conn] = deque()  # responses done: the next (pipelined) request is looked at from here
         self._checks_waiting: dict[str, _Conn] = {}  # client → its connection waiting for a check, in order
         self._check_running: Optional[_Conn] = None
+        self._check_next_at = 0.0  # (monotonic) no check starts before: check_cpu_share
+        self._check_last: OrderedDict[str, float] = OrderedDict()  # client → when its last check ended
         self._check_work: queue.SimpleQueue[Optional[tuple[_Conn, Check]]] = queue.SimpleQueue()
-        self._check_done: queue.SimpleQueue[tuple[_Conn, Check, Any, Optional[BaseException]]] = \
+        self._check_done: queue.SimpleQueue[tuple[_Conn, Check, Any, Optional[BaseException], float]] = \
             queue.SimpleQueue()
         self._checker: Optional[threading.Thread] = None
         self._throttled = Throttled()
@@ -376,6 +381,8 @@ class HttpServer:
             running = self._running
             if running is not None and not running.overdue:
                 deadlines.append(running.started + self.limits.write_timeout)
+            if self._checks_waiting and self._check_running is None:
+                deadlines.append(self._check_next_at)
             timeout = max(0.0, min(deadlines) - now) if deadlines else None  # None: block until an event
             for key, mask in self._sel.select(0 if self._ready else timeout):
                 if key.data is None:
@@ -391,6 +398,7 @@ class HttpServer:
                 if not conn.closed and conn.state == "idle":
                     self._guarded(self._read, conn)
             self._expire(time.monotonic())
+            self._guarded(self._next_check)  # one waiting for its turn on the CPU
 
     def _guarded(self, call: Callable[..., None], *args: Any) -> None:
         try:
@@ -805,10 +813,13 @@ class HttpServer:
         self._next_check()
 
     def _next_check(self) -> None:
-        """Hand the check thread the next waiting client's check: clients in turn, one at a time."""
+        """Hand the check thread the check of the waiting client whose last check is oldest (never: first),
+        one at a time, when check_cpu_share allows."""
         if self._check_running is not None or not self._checks_waiting:
             return
-        client = next(iter(self._checks_waiting))
+        if time.monotonic() < self._check_next_at:
+            return  # the loop's select wakes at _check_next_at
+        client = min(self._checks_waiting, key=lambda c: self._check_last.get(c, -1.0))
         conn = self._checks_waiting.pop(client)
         self._check_running = conn
         if self._checker is None:  # started at the first check: no thread without basic auth
@@ -823,20 +834,27 @@ class HttpServer:
             if item is None:
                 return
             conn, check = item
+            cpu = time.thread_time()
             try:
                 result, error = check.work(), None
             except Exception as exc:
                 result, error = None, exc
-            self._check_done.put((conn, check, result, error))
+            self._check_done.put((conn, check, result, error, time.thread_time() - cpu))
             self._wake()
 
     def _checks_finished(self) -> None:
         while True:
             try:
-                conn, check, result, error = self._check_done.get_nowait()
+                conn, check, result, error, cpu = self._check_done.get_nowait()
             except queue.Empty:
                 break
             self._check_running = None
+            now = time.monotonic()
+            self._check_next_at = now + cpu * (1 / self.limits.check_cpu_share - 1)
+            self._check_last[check.client] = now
+            self._check_last.move_to_end(check.client)
+            while len(self._check_last) > 4096:
+                self._check_last.popitem(last=False)
             if conn.closed or conn.check is not check:
                 continue  # the client left while it was checked
             conn.check = None

@@ -256,26 +256,24 @@ class BasicAuth:
     lock a scraper out.
 
     A bcrypt check costs about 50-100 ms at cost 10 and over a second at 14. The server asks for it as a
-    `Check` (httpserver.py): it runs on the check thread, never on the one that answers `/healthz`, one client
-    at a time in turn. Here:
+    `Check` (httpserver.py): it runs on the check thread, never on the one that answers `/healthz`, one at a
+    time, the client whose last check is oldest first, and the checks together take at most a quarter of one
+    core (Limits.check_cpu_share) whatever the bcrypt cost and however many clients ask. Here:
     - `known()`: credentials that passed are remembered (by their SHA-256, as exporter-toolkit caches them),
       so a scraper pays once. Failures are not remembered: a stranger cannot fill the memory and push the
       scraper's entry out, nor make a wrong password cheap to repeat.
     - `admit(client)`: new credentials are checked at most `per_client_per_second` times a second per client
       address (a burst of `burst`): one guessing client is answered 429 without a check and slows no other.
-    - `verify()`: the checks together take at most `cpu_share` of one core: after a check of d seconds the
-      next waits d × (1/cpu_share − 1), whatever the bcrypt cost and however many clients ask."""
+    - `verify()`: the bcrypt check itself (on the check thread)."""
 
     def __init__(self, users: Mapping[str, bytes], per_client_per_second: float = 1.0, burst: float = 4.0,
-                 cpu_share: float = 0.25, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._users = dict(users)
-        self._rate, self._burst, self._share = per_client_per_second, burst, cpu_share
-        self._clock, self._sleep = clock, sleep
+        self._rate, self._burst = per_client_per_second, burst
+        self._clock = clock
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client → (tokens, when)
         self._passed: OrderedDict[bytes, None] = OrderedDict()  # SHA-256 of credentials that passed
         self._lock = threading.Lock()  # _passed: read on the server's loop, written on its check thread
-        self._next_check = 0.0
         self._dummy: Optional[bytes] = None  # checked for unknown users, so timing does not reveal names
         costs = [int(h[4:6]) for h in self._users.values() if h[4:6].isdigit()]
         self._dummy_cost = max(costs, default=10)
@@ -307,14 +305,8 @@ class BasicAuth:
         return allowed
 
     def verify(self, authorization: str) -> bool:
-        """The bcrypt check (on the check thread: it may wait for its share of the CPU first)."""
-        wait = self._next_check - self._clock()
-        if wait > 0:
-            self._sleep(wait)
-        started = self._clock()
+        """The bcrypt check (on the server's check thread); remembers the credentials when they pass."""
         ok = self._bcrypt(authorization[6:].strip())
-        finished = self._clock()
-        self._next_check = finished + (finished - started) * (1 / self._share - 1)
         if ok:
             with self._lock:
                 self._passed[self._digest(authorization)] = None
