@@ -4,7 +4,7 @@ in a VM boot of its own (about 4 minutes under TCG).
 
 scripts/test builds the image before this tier; the guest runs the unpacked image (.cache/image/bundle/rootfs)
 under an overlay, as containerd would. OOMWATCH_IMAGE_RUN=<dir> reuses the artefacts of an earlier boot; they
-stay in artifacts/e2e/image-<time>/ (scripts/render-dashboard draws the dashboard from them)."""
+stay in artifacts/e2e/image-<time>/."""
 
 from __future__ import annotations
 
@@ -174,8 +174,7 @@ def test_image_agent_metrics_and_memory(image_run) -> None:
 
 
 def test_dashboard_over_the_image_agents_run(image_run) -> None:
-    """Prometheus scraped the image's agent; every panel query of the dashboard returned data over the run
-    (what scripts/render-dashboard draws)."""
+    """Prometheus scraped the image's agent; every panel query of the dashboard returned data over the run."""
     sc = scenario(image_run)
     path = sc.dir / "dashboard-range.json"
     assert path.exists(), "no dashboard queries saved"

@@ -22,7 +22,7 @@ second is not a node's), the API server (OOMWATCH_KUBE_API is set to off: there 
 Then a container is group-killed (with collateral) and another single-killed; the agent in the image must be
 healthy, must have fallen back to syslog(2), and must publish both. A Prometheus server in the agent's network
 namespace scrapes it, and every panel query of the dashboard is saved as a range (time series panels) or instant
-query, for scripts/render-dashboard.
+query (tests/e2e/test_image.py checks that each returned data).
 """
 
 from __future__ import annotations
