@@ -28,6 +28,7 @@ Only the kernel may report a kill: an OOM line from another syslog facility (any
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Protocol
 
@@ -46,7 +47,7 @@ from oomwatch.model import (
     OomSuppressed,
     Workload,
 )
-from oomwatch.parse.oom import parse_oom_line
+from oomwatch.parse.oom import OomReaped, parse_oom_line
 
 # Lines that should have parsed as OOM lines: when they do not, the kernel format changed under us.
 _OOM_MARKERS = ("Killed process", "oom-kill:", "invoked oom-killer", "memory.oom.group set", "OOM victim")
@@ -161,6 +162,7 @@ class CorrelatorStats:
     invocations_without_kill: int = 0
     rejected: int = 0  # OOM lines from a facility other than the kernel's (forged through /dev/kmsg)
     late_reprints: int = 0  # a group kill's victim reprinted after its incident was complete
+    kills_from_reaper: int = 0  # kills known only from an `oom_reaper:` line (their kill line is missing)
     first_rejected: Optional[str] = None
 
 
@@ -202,6 +204,10 @@ class Correlator:
         self.last_seq: Optional[int] = None
         self._gap = False  # records were lost since the last report began
         self._last_group_victim: Optional[int] = None  # the victim of the last group kill, until it is reprinted
+        # Pids of the last kill lines: an `oom_reaper:` line for one of them is no news (for another, it is a kill
+        # whose line is missing).
+        self._recent_order: deque[int] = deque(maxlen=4096)
+        self._recent_killed: set[int] = set()
         # `oom-kill:` summaries not yet matched to their victim's kill line, by pid: two reports whose lines
         # interleave (two CPUs, or a paste that merged logs) each find their own summary.
         self._summaries: dict[int, tuple[OomSummary, Optional[int]]] = {}
@@ -261,6 +267,17 @@ class Correlator:
             b.selected = line
         elif kind is OomAlreadyExiting:
             self._on_exiting(line, self._wall_time(record))
+        elif kind is OomReaped:
+            summarised = b is not None and not b.kills and b.summary is not None and b.summary.pid == line.pid
+            if line.pid not in self._recent_killed and (summarised or not self._live):
+                # The reaper only reaps OOM victims: this process was killed, and its kill line is missing (a
+                # paste cut before it). Taken as that kill line, with what the rest of the report says. On the
+                # live log only where the report it ends is still open: a restart reads from its cursor, and the
+                # reaper's line can come after a kill the last run published.
+                self.stats.kills_from_reaper += 1
+                self._on_killed(OomKilled(pid=line.pid, comm=line.comm, oom_kind="unknown"), record,
+                                self._wall_time(record))
+                return self._drain() if self._out else []
         if self._open is not None:
             self._open.last_was_new_kill = False
         return self._drain() if self._out else []
@@ -321,6 +338,11 @@ class Correlator:
             self.stats.late_reprints += 1
             return
         self._last_group_victim = None
+        if line.pid not in self._recent_killed:
+            if len(self._recent_order) == self._recent_order.maxlen:
+                self._recent_killed.discard(self._recent_order[0])
+            self._recent_order.append(line.pid)
+            self._recent_killed.add(line.pid)
         if b is not None and b.kills and line.pid in b.pid_set:
             # The victim's reprint inside its group listing: only a group kill prints a pid twice.
             b.reprints += 1
