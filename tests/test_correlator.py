@@ -207,3 +207,15 @@ def test_a_victim_reprinted_after_the_log_went_quiet_is_not_a_new_incident():
     assert [(i.kind, i.victim.pid, [p.pid for p in i.killed]) for i in incidents] == [("group", 127, [127, 119])]
     assert after == []
     assert correlator.stats.late_reprints == 1
+
+
+def test_a_reaper_line_after_a_restart_is_no_new_kill_on_the_live_log():
+    """A restart reads the log from its cursor, which can sit between a kill the last run published and the
+    reaper's line for it (about 2 s later): on the live log that line is no kill of its own."""
+    reaper = KmsgRecord(priority=6, seq=900, usec=12_000_000, text="oom_reaper: reaped process 127 (dd), now "
+                        "anon-rss:0kB, file-rss:0kB, shmem-rss:0kB")
+    live = make_correlator(boot_id="t", boot_time=0.0, resolver=WorkloadResolver(), posture_single=lambda: "false")
+    assert live.feed(reaper) + live.flush() == []
+    pasted = make_correlator(boot_id="t", boot_time=0.0, resolver=WorkloadResolver(),
+                             posture_single=lambda: "false", live=False)
+    assert [i.victim.pid for i in pasted.feed(reaper) + pasted.flush()] == [127]
