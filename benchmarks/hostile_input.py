@@ -328,8 +328,11 @@ def events_full(scale: float) -> str:
         os.unlink(os.path.join(root, "filler"))
         _, after = _said(lambda: events.write(_incident(n + 1)))
         events.close()
+        with open(path, "rb") as f:
+            in_file = sum(1 for _ in f)
         return (f"{n:,} incidents on a full disk: {events.errors:,} not written, {len(levels)} log line(s) "
-                f"({', '.join(levels)}), {took / n * 1e6:.1f} us each; writing again: {after}")
+                f"({', '.join(levels)}), {took / n * 1e6:.1f} us each; writing again: {after}, {in_file:,} lines "
+                f"in the file ({events.dropped:,} dropped: more than UNWRITTEN_KEPT waited)")
     finally:
         _umount(root)
 

@@ -1,6 +1,7 @@
 """The events file against what its path can name and what a disk can do: FIFOs, devices, symlinks and
 directories are refused without blocking, a torn last line is repaired, and a full disk is one log line when it
-starts failing and one when it works again, never one per incident."""
+starts failing and one when it works again, never one per incident; what could not be written is written once
+writing works again (up to UNWRITTEN_KEPT lines)."""
 
 from __future__ import annotations
 
@@ -106,7 +107,8 @@ def test_a_full_disk_is_one_line_when_it_fails_and_one_when_it_works_again(tmp_p
             assert 0 < written < 200 and events.errors == 200 - written and events.failing
             assert "No space left on device" in events.failing
             os.unlink(root / "filler")
-            assert events.catch_up([incident(n) for n in range(1, 201)]) == 200 - written
+            # What could not be written is written first, once, before the next incident.
+            events.catch_up([incident(n) for n in range(1, 202)])
         events.close()
         messages = [(r.levelno, r.getMessage()) for r in caplog.records]
         assert [level for level, _ in messages] == [logging.ERROR, logging.WARNING], messages
@@ -117,7 +119,8 @@ def test_a_full_disk_is_one_line_when_it_fails_and_one_when_it_works_again(tmp_p
                 parsed.append(json.loads(line)["kernel_seq"])
             except ValueError:
                 assert line == b"" or not line.endswith(b"}")  # the one line the disk cut short, or the end
-        assert sorted(parsed) == list(range(201))  # every incident on a line of its own, once
+        assert sorted(parsed) == list(range(202))  # every incident on a line of its own, once
+        assert events.dropped == 0
 
 
 def test_a_file_that_cannot_be_created_is_retried_and_said_once(tmp_path: Path, caplog) -> None:
@@ -130,5 +133,21 @@ def test_a_file_that_cannot_be_created_is_retried_and_said_once(tmp_path: Path, 
         assert events.write(incident(3))
     events.close()
     assert [r.levelno for r in caplog.records] == [logging.ERROR, logging.WARNING]
-    assert [json.loads(line)["kernel_seq"] for line in lines(path) if line] == [3]
+    assert [json.loads(line)["kernel_seq"] for line in lines(path) if line] == [1, 2, 3]  # kept ones first
     assert events.errors == 2
+
+
+def test_lines_kept_while_failing_are_bounded_oldest_dropped(tmp_path: Path, monkeypatch) -> None:
+    import oomwatch.sinks.events as events_module
+
+    monkeypatch.setattr(events_module, "UNWRITTEN_KEPT", 5)
+    path = tmp_path / "missing-dir" / "events.jsonl"
+    events = EventsFile(str(path))
+    events.open()
+    for n in range(12):
+        assert not events.write(incident(n))
+    path.parent.mkdir()
+    assert events.write(incident(12))
+    events.close()
+    assert [json.loads(line)["kernel_seq"] for line in lines(path) if line] == [7, 8, 9, 10, 11, 12]
+    assert (events.errors, events.dropped) == (12, 7)

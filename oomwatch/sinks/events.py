@@ -12,7 +12,8 @@ blocking (a FIFO with no reader would hang the agent before its port opens), and
 (FIFO, device, socket, directory) is refused. A torn last line (a crash or a full disk mid-write) gets its newline
 before the next line, so every later line parses. The file never stops the agent: a file that cannot be opened
 or written is said once in the log when it starts failing and once when it works again (`failing` holds why, for
-/healthz), and each incident not written is counted in `errors`.
+/healthz). Each incident not written when published is counted in `errors`, and the last UNWRITTEN_KEPT of
+them are written first once writing works again (a full disk freed soon loses none).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import stat
 import sys
 import threading
+from collections import deque
 from typing import Any, Optional
 
 from oomwatch.model import Incident, incident_key_of_json
@@ -33,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # How much of an existing file is read back for keys: far more than one ring buffer's worth of incidents.
 TAIL_BYTES = 8 << 20
+# Lines kept while the file cannot be written, written first once it can: a full disk freed within this many
+# incidents loses none (and the next start writes what the saved state holds and the file lacks).
+UNWRITTEN_KEPT = 1000
 # O_NOFOLLOW: a symlink planted at the path is not followed (ELOOP). O_NONBLOCK: opening a FIFO with no reader
 # fails (ENXIO) instead of waiting for one. O_NOCTTY: a terminal named by mistake does not become ours.
 _OPEN_FLAGS = os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -49,7 +54,9 @@ class EventsFile:
         self._refused = False  # the path names something that is not a regular file: not opened again
         self._torn = False  # the file ends in a partial line: a newline goes first
         self._written: set[tuple] = set()
-        self.errors = 0  # incidents that could not be written
+        self.errors = 0  # incidents that could not be written when published (some may be written later)
+        self.dropped = 0  # incidents never written: more than UNWRITTEN_KEPT waited
+        self._unwritten: deque[tuple[Optional[tuple], bytes]] = deque()
         self.last_error: Optional[str] = None
         self.failing: Optional[str] = None  # why lines are not being written now; None while they are
 
@@ -99,43 +106,74 @@ class EventsFile:
         if self.hold:
             self._held.append((key, incident.to_json()))
             return
-        if self.write(incident.to_json()):
-            self._written.add(key)
+        self.write(incident.to_json(), key)
 
     def flush(self) -> None:
         """Write the held lines (their incidents are in the saved state now)."""
         held, self._held = self._held, []
         for key, data in held:
-            if key not in self._written and self.write(data):
-                self._written.add(key)
+            if key not in self._written:
+                self.write(data, key)
 
     def catch_up(self, published: list[dict[str, Any]]) -> int:
         """Write the incidents the saved state holds (JSON, oldest first) that the file lacks; how many."""
         written = 0
         for data in published:
             key = incident_key_of_json(data)
-            if key is not None and _hashable(key) not in self._written and self.write(data):
-                self._written.add(_hashable(key))
+            if key is not None and _hashable(key) not in self._written and self.write(data, _hashable(key)):
                 written += 1
         return written
 
-    def write(self, incident_json: dict[str, Any]) -> bool:
-        """One line; False when it could not be written (counted, and said in the log once per failing spell)."""
-        line = json.dumps(incident_json, sort_keys=False, separators=(",", ":")) + "\n"
+    def write(self, incident_json: dict[str, Any], key: Optional[tuple] = None) -> bool:
+        """One line (the incident `key` is then known to be in the file); False when it could not be written
+        now: counted, said in the log once per failing spell, and kept (up to UNWRITTEN_KEPT lines, oldest
+        first) to be written before the next line once writing works again."""
+        line = (json.dumps(incident_json, sort_keys=False, separators=(",", ":")) + "\n").encode()
         with self._lock:
-            if self.path == "-":
-                try:
-                    sys.stdout.write(line)
-                    sys.stdout.flush()
-                except (OSError, ValueError) as exc:  # a closed pipe; ValueError: stdout closed
-                    self._failed(f"stdout: {exc}")
+            if self._unwritten:
+                if not self._write_unwritten():
+                    self._keep_unwritten(key, line)
                     return False
-                self._ok()
+                if key is not None and key in self._written:  # it was one of the kept lines
+                    return True
+            if self._put(line):
+                if key is not None:
+                    self._written.add(key)
                 return True
-            if self._fd is None and not (self._opened and not self._refused and self._open_file()):
-                self.errors += 1
+            self._keep_unwritten(key, line)
+            return False
+
+    def _put(self, line: bytes) -> bool:
+        if self.path == "-":
+            try:
+                sys.stdout.write(line.decode())
+                sys.stdout.flush()
+            except (OSError, ValueError) as exc:  # a closed pipe; ValueError: stdout closed
+                self._failed(f"stdout: {exc}")
                 return False
-            return self._write_line(line.encode())
+            self._ok()
+            return True
+        if self._fd is None and not (self._opened and not self._refused and self._open_file()):
+            return False
+        return self._write_line(line)
+
+    def _keep_unwritten(self, key: Optional[tuple], line: bytes) -> None:
+        self.errors += 1
+        if len(self._unwritten) >= UNWRITTEN_KEPT:
+            self._unwritten.popleft()
+            self.dropped += 1
+        self._unwritten.append((key, line))
+
+    def _write_unwritten(self) -> bool:
+        """The lines a failing spell kept, oldest first; False at the first that still fails."""
+        while self._unwritten:
+            key, line = self._unwritten[0]
+            if not self._put(line):
+                return False
+            self._unwritten.popleft()
+            if key is not None:
+                self._written.add(key)
+        return True
 
     def _write_line(self, line: bytes) -> bool:
         """Append `line` (after the newline a torn last line needs) in one write: O_APPEND keeps it whole
@@ -153,8 +191,6 @@ class EventsFile:
         except OSError as exc:
             if done >= len(prefix):
                 self._torn = done > len(prefix)
-            if line:
-                self.errors += 1
             self._failed(f"{self.path}: {exc.strerror or exc}")
             return False
         self._torn = False
@@ -172,8 +208,8 @@ class EventsFile:
 
     def _ok(self) -> None:
         if self.failing is not None:
-            log.warning("events file %s: writing again (%d incident(s) could not be written so far)", self.path,
-                        self.errors)
+            log.warning("events file %s: writing again; %d line(s) kept while it failed are written first "
+                        "(%d more were dropped)", self.path, len(self._unwritten), self.dropped)
             self.failing = None
 
     def close(self) -> None:
