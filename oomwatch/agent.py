@@ -17,7 +17,7 @@ import time
 from typing import Callable, Optional
 
 from oomwatch.config import Config
-from oomwatch.events import PostureRead, StateSaved, Stop, Tick
+from oomwatch.events import StateSaved, Stop, Tick
 from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, scraped_workloads
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
 from oomwatch.process import malloc_trimmed
@@ -28,6 +28,7 @@ from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.sources.cgroupsource import CgroupSource, ProcessSource, cgroup_namespace_prefix
 from oomwatch.sources.kernellog import KernelLogSource
+from oomwatch.sources.kubeletconfig import KubeletConfigWatch
 from oomwatch.sources.procconn import ProcConnector, ProcConnectorUnavailable
 from oomwatch.sources.statcache import StatCache
 from oomwatch.statefile import StateFile, StateLocked
@@ -40,7 +41,6 @@ log = logging.getLogger("oomwatch.agent")
 # A source that failed for good: /healthz says 503 this long before the process exits non-zero (so the DaemonSet
 # or systemd restarts it).
 FATAL_GRACE_SECONDS = 30.0
-POSTURE_MAX_AGE = 60.0  # the kubelet's config is read again at an incident when older than this
 VIEW_INTERVAL = 0.2  # while events keep coming, scrapes see a snapshot at most this old
 
 
@@ -53,6 +53,8 @@ class Agent:
         self.posture = NodePosture(config, self.proc)
         self.pod_index = _pod_index(config)
         self.stat_cache = StatCache(self.fs)
+        self.kubelet_config = KubeletConfigWatch(config.kubelet_config, self.posture.single_process_oom_kill,
+                                                 self.events.put)
         self.kernel_log = KernelLogSource(config.kmsg, self.events.put, factory=kmsg_factory, early_pump=early_pump)
         names = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir),
                                  self.pod_index)  # the bundles' names, read by the cgroup source
@@ -67,7 +69,7 @@ class Agent:
         self.fatal: Optional[str] = None  # why the agent must stop (a source failed for good)
         self._wake = threading.Event()  # a signal, or a source that failed for good
         self._loop_thread = threading.Thread(target=self._loop, name="pipeline", daemon=True)
-        self._view_at = self._posture_at = 0.0
+        self._view_at = 0.0
         self.blind: Optional[str] = None  # why it cannot see the cgroups
 
     def start(self) -> None:
@@ -86,7 +88,7 @@ class Agent:
                                                                         self.pod_index),
                                  now=self.clock(), accounts=extra.get("accounts"),
                                  single_process_oom_kill=self.posture.single_process_oom_kill())
-        self._posture_at, self.view = time.monotonic(), self.pipeline.view()  # scrapes see this until replaced
+        self.view = self.pipeline.view()  # scrapes see this until it is replaced
         for sink in self.sinks:
             sink.start(self.store.snapshot().incidents)
         threading.Thread(target=_until_failed, args=(self, self.cgroups.run, "the cgroup watcher stopped"),
@@ -100,6 +102,7 @@ class Agent:
             self.connector = _connector(self.proc, self.events.put, self.cgroups.own_cgroup, self.clock)
         if self.pod_index is not None:
             self.pod_index.start()
+        self.kubelet_config.start()
         self.kernel_log.start()
         log.info("oomwatch agent listening on %s:%d (cgroups %s, kernel log %s)", *self.http.address,
                  self.config.cgroup_root, "syslog(2)" if self.kernel_log.kind == "syslog" else self.config.kmsg)
@@ -134,9 +137,6 @@ class Agent:
             self.kernel_log.wake()
         if fx.fatal:
             self._fail(fx.fatal)
-        if fx.publish and time.monotonic() - self._posture_at > POSTURE_MAX_AGE:
-            self._posture_at = time.monotonic()
-            self.events.put(PostureRead(self.posture.single_process_oom_kill()))
         # A new view (replaced whole): at once when the queue is empty, else every VIEW_INTERVAL while busy.
         if (fx.changed or fx.done) and (fx.done or self.events.empty() or
                                         self.clock() - self._view_at >= VIEW_INTERVAL):
@@ -156,7 +156,7 @@ class Agent:
     def stop(self) -> None:
         """Sources first, then the loop publishes what is finished and saves; then the sinks close."""
         self._wake.set()
-        for part in (self.kernel_log, self.cgroups, self.connector):
+        for part in (self.kernel_log, self.cgroups, self.connector, self.kubelet_config):
             if part is not None:
                 part.stop()
         if self._loop_thread.is_alive():
