@@ -271,3 +271,13 @@ def test_a_coloured_dmesg_gives_the_same_group_kill() -> None:
 def test_binary_files_are_named(data: bytes, said: str) -> None:
     with pytest.raises(NotText, match=said.replace("(", r"\(").replace(")", r"\)")):
         list(text_lines([data], TextLogStats()))
+
+
+@pytest.mark.parametrize("chunk", [7, 4096, 1 << 20])
+def test_lines_around_the_cut_are_exact_whatever_the_reads(chunk: int) -> None:
+    lengths = [0, 5, MAX_LINE - 1, MAX_LINE, MAX_LINE + 1, 2 * MAX_LINE + 3, 1]
+    data = b"\n".join(b"x" * n for n in lengths)  # the last line without its newline
+    stats = TextLogStats()
+    lines = list(text_lines((data[i:i + chunk] for i in range(0, len(data), chunk)), stats))
+    assert [len(line) for line in lines] == [min(n, MAX_LINE) for n in lengths]
+    assert stats.truncated == 2

@@ -533,7 +533,7 @@ def _drop_prefix(chunks: Iterator[bytes], n: int) -> Iterator[bytes]:
 
 
 def _split_lines(chunks: Iterator[bytes], stats: TextLogStats) -> Iterator[bytes]:
-    partial: list[bytes] = []  # pieces of the current line, at most MAX_LINE bytes in all
+    partial: list[bytes] = []  # pieces of the line not yet ended, at most MAX_LINE bytes in all
     size = 0
     cut = nul = False
     for data in chunks:
@@ -544,18 +544,25 @@ def _split_lines(chunks: Iterator[bytes], stats: TextLogStats) -> Iterator[bytes
             # A `\r\n` split between two chunks reads as an empty line, which is skipped like any other.
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         pieces = data.split(b"\n")
-        for i, piece in enumerate(pieces):
-            if size + len(piece) > MAX_LINE:
-                piece = piece[:MAX_LINE - size]
-                cut = True
-            if piece:
-                partial.append(piece)
-                size += len(piece)
-            if i < len(pieces) - 1:  # the line ends here
+        last = pieces.pop()  # the start of a line this chunk does not end
+        if pieces:
+            first = pieces[0]
+            if partial or cut:  # the line begun in earlier chunks ends here
+                if size + len(first) > MAX_LINE:
+                    first, cut = first[:MAX_LINE - size], True
                 if cut:
                     stats.truncated += 1
-                yield b"".join(partial)
+                pieces[0] = b"".join(partial) + first
                 partial, size, cut = [], 0, False
+            if max(map(len, pieces)) > MAX_LINE:
+                stats.truncated += sum(len(p) > MAX_LINE for p in pieces)
+                pieces = [p[:MAX_LINE] for p in pieces]
+            yield from pieces
+        if last and not cut:
+            if size + len(last) > MAX_LINE:
+                last, cut = last[:MAX_LINE - size], True
+            partial.append(last)
+            size += len(last)
     if partial or cut:
         if cut:
             stats.truncated += 1
