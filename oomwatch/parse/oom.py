@@ -147,6 +147,9 @@ _OOM_START = re.compile(r"(?:Memory cgroup out of memory|Out of memory|Killed pr
 _SPACE_RUN = re.compile(r" {2,}")
 MAX_REJOINS = 6  # every reading is tried up to this many breaks in a line (2^6)
 MAX_WRAPS = 64  # a line of more breaks is no wrapped kernel line
+# A kernel record's text is under 1 KiB (printk's limit); padded at each break it stays well under this. Longer
+# lines are not read again: hostile input must not cost 2^MAX_REJOINS parses of 64 KiB.
+MAX_WRAPPED = 4096
 
 
 def parse_oom_line(text: str) -> Optional[Union[OomLine, OomReaped]]:
@@ -156,7 +159,7 @@ def parse_oom_line(text: str) -> Optional[Union[OomLine, OomReaped]]:
     stable/…`, `anon-rss:654      32kB`) is read again with each run removed or made one space, fewest spaces
     first. Cheap first-character tests keep the common case (any other kernel line) fast."""
     line = _parse_oom_line(text)
-    if text and "  " in text and _OOM_START.match(text):
+    if text and "  " in text and len(text) <= MAX_WRAPPED and _OOM_START.match(text):
         if line is None or (type(line) is OomKilled and not _KILLED.fullmatch(text.rstrip())):
             # Not read, or a kill line read only up to a break (its optional fields after it lost).
             return _rejoined(text.rstrip()) or line
