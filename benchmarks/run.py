@@ -110,14 +110,14 @@ def _one_thread(records: list[bytes], prefilter: bool) -> tuple[float, int]:
 def _two_stages(records: list[bytes]) -> tuple[float, float, int]:
     """The agent's own split (oomwatch/sources/kmsgproc.py): the reader process reads each record with one
     read() (here from a SOCK_SEQPACKET pair, which returns one record per read as /dev/kmsg does), pre-filters,
-    parses what passes and pickles each batch; the agent process unpickles and correlates. The stages run in two
-    processes at once, so the pipeline keeps up with the slower one. Returns (reader CPU s, agent CPU s,
-    incidents); the sends that stand in for the kernel's printk are not counted."""
+    parses what passes and pickles each batch; the agent process unpickles each batch and steps it through the
+    pipeline as one KernelLog event (oomwatch/pipeline.py: correlator, store, deadlines), as its loop does. The
+    stages run in two processes at once, so the pipeline keeps up with the slower one. Returns (reader CPU s,
+    agent CPU s, incidents); the sends that stand in for the kernel's printk are not counted."""
     import pickle
     import socket
 
-    from oomwatch.model import KmsgRecord
-    from oomwatch.sources.kmsg import LiveKmsg, Lost, Skipped
+    from oomwatch.sources.kmsg import LiveKmsg
 
     kernel_end, reader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     kernel_end.setblocking(False)
@@ -141,19 +141,18 @@ def _two_stages(records: list[bytes]) -> tuple[float, float, int]:
     finally:
         kernel_end.close()
         reader_end.close()
-    correlator = _correlator()
+    from oomwatch.events import KernelLogEnded, KernelLog
+    from oomwatch.pipeline import Pipeline, Settings
+    from oomwatch.store import Store
+    from oomwatch.workloads import WorkloadResolver
+
+    pipeline = Pipeline(Settings(boot_id="bench", boot_time=0.0, kmsg_source="kmsg", counting=True),
+                        Store(), WorkloadResolver(), now=0.0)
     incidents = 0
     start = time.process_time()
-    for frame in frames:
-        for item in pickle.loads(frame):
-            kind = type(item)
-            if kind is KmsgRecord:
-                incidents += len(correlator.feed(item))
-            elif kind is Skipped:
-                correlator.skipped(item.count, item.last_seq)
-            elif kind is Lost:
-                correlator.lost(item.count or 0)
-    incidents += len(correlator.flush())
+    for n, frame in enumerate(frames):
+        incidents += len(pipeline.step(KernelLog(pickle.loads(frame), drained_at=None), float(n)).publish)
+    incidents += len(pipeline.step(KernelLogEnded(saved=True), float(len(frames))).publish)
     return reader_cpu, time.process_time() - start, incidents
 
 

@@ -64,3 +64,13 @@ def test_ninety_huge_group_kills_keep_the_state_small() -> None:
     snap = replay.pipeline.view().store
     (counters,) = [c for labels, c in snap.workloads.items() if c.last_kill is not None]
     assert dict(counters.killed) == {"victim": 90, "collateral": 90 * 299}
+
+
+def test_a_killed_process_json_has_every_field() -> None:
+    """KilledProcess.to_json is written out by hand (for speed): it must stay every field of the dataclass."""
+    from dataclasses import asdict, fields
+
+    from oomwatch.model import KilledProcess
+
+    process = KilledProcess(*range(1, len(fields(KilledProcess)) + 1))
+    assert process.to_json() == asdict(process)
