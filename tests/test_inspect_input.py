@@ -281,3 +281,43 @@ def test_lines_around_the_cut_are_exact_whatever_the_reads(chunk: int) -> None:
     lines = list(text_lines((data[i:i + chunk] for i in range(0, len(data), chunk)), stats))
     assert [len(line) for line in lines] == [min(n, MAX_LINE) for n in lengths]
     assert stats.truncated == 2
+
+
+def test_a_pipe_named_by_its_descriptor_is_waited_on_a_fifo_after_its_first_bytes_too(tmp_path: Path) -> None:
+    """`--kmsg <(journalctl -k -b -1)`: the writer of a pipe exists from the start, and journalctl may take
+    longer than the FIFO timeout before its first line; so may a FIFO's writer between two writes."""
+    r, w = os.pipe()
+    data = GROUP_419.read_bytes()
+
+    def slow_writer(fd: int) -> None:
+        time.sleep(0.4)
+        os.write(fd, data[:100])
+        time.sleep(0.4)
+        os.write(fd, data[100:])
+        os.close(fd)
+
+    writer = threading.Thread(target=slow_writer, args=(w,))
+    writer.start()
+    try:
+        stats = TextLogStats()
+        records = list(read_saved_log(f"/dev/fd/{r}", stats=stats, idle_timeout=0.2))
+    finally:
+        writer.join()
+        os.close(r)
+    assert stats.records == len(records) == 11
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+
+    def fifo_writer() -> None:
+        with open(fifo, "wb") as f:
+            f.write(data[:100])
+            f.flush()
+            time.sleep(0.4)
+            f.write(data[100:])
+
+    writer = threading.Thread(target=fifo_writer)
+    writer.start()
+    stats = TextLogStats()
+    records = list(read_saved_log(str(fifo), stats=stats, idle_timeout=0.2))
+    writer.join()
+    assert stats.records == len(records) == 11

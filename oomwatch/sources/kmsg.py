@@ -211,9 +211,12 @@ def _what_it_is(mode: int, rdev: int) -> Optional[str]:
     return None
 
 
-def _chunks_of_fd(fd: int, path: str, fifo: bool, idle_timeout: float) -> Iterator[bytes]:
+def _chunks_of_fd(fd: int, path: str, fifo: bool, idle_timeout: Optional[float]) -> Iterator[bytes]:
+    """A FIFO is waited on for its first bytes `idle_timeout` seconds at most (nothing may ever open it for
+    writing); once they came, a writer exists and is waited for as long as it takes."""
+    first = True
     while True:
-        if fifo and not wait_readable(fd, idle_timeout):
+        if fifo and not wait_readable(fd, idle_timeout if first else None):
             raise KmsgUnavailable(f"{path} is a FIFO and nothing was written to it in {idle_timeout:g} s "
                                   "(start the writer first, or pipe the log to `--kmsg -`)")
         try:
@@ -222,7 +225,17 @@ def _chunks_of_fd(fd: int, path: str, fifo: bool, idle_timeout: float) -> Iterat
             continue
         if not data:
             return
+        first = False
         yield data
+
+
+def _named_fifo(fd: int) -> bool:
+    """A FIFO in the file system (mkfifo), which may never get a writer; not a pipe (`<(journalctl -k)`
+    names one as /dev/fd/N), whose writer exists from the start."""
+    try:
+        return not os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
+    except OSError:
+        return True
 
 
 def _chunks_of_stream(stream: BinaryIO) -> Iterator[bytes]:
@@ -264,7 +277,8 @@ def saved_log_chunks(source: Union[str, BinaryIO], idle_timeout: float = FIFO_ID
         refused = _what_it_is(st.st_mode, st.st_rdev)
         if refused is not None:
             raise NotAKernelLog(f"{source} {refused}")
-        yield from _chunks_of_fd(fd, source, stat.S_ISFIFO(st.st_mode), idle_timeout)
+        fifo = stat.S_ISFIFO(st.st_mode)
+        yield from _chunks_of_fd(fd, source, fifo, idle_timeout if fifo and _named_fifo(fd) else None)
     except OSError as exc:
         raise KmsgUnavailable(explain_open_error(source, exc)) from exc
     finally:
