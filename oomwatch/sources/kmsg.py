@@ -1,6 +1,8 @@
 """Thin readers for the kernel log: live /dev/kmsg, or a saved dump / `dmesg` / `journalctl -k` text.
 
-Both yield `KmsgRecord`s and `Lost(n)` markers; neither interprets what the records say.
+Both yield `KmsgRecord`s and `Lost(n)` markers; neither interprets what the records say. What `--kmsg` names is
+decided once, here (`kernel_log_kind`), for the agent, `inspect` and the early reader; `open_kernel_log` opens
+the live log for all three, `read_saved_log` reads a saved one.
 """
 
 from __future__ import annotations
