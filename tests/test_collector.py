@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Optional
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -39,9 +40,14 @@ from oomwatch.sinks.collector import (
     format_value,
     label_value,
 )
+from oomwatch.node import NodePosture, scraped_workloads
+from oomwatch.pipeline import Settings
+from oomwatch.sources.cgroupfs import CgroupFS, Proc
+from oomwatch.sources.statcache import StatCache
 from oomwatch.statefile import StateFile, save_state
 from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, SCOPES, Store
-from tests.conftest import DETECTED_AT, FIXTURES, REPO, running_agent, wait_for
+from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES, REPO
+from tests.replay import Replay, saved_log_events, tree_events
 from tests.test_golden import golden_config
 
 GOLDEN = sorted(p for p in (FIXTURES / "golden").iterdir() if p.is_dir())
@@ -150,21 +156,35 @@ def reference_text(collector) -> bytes:
     return generate_latest(registry)
 
 
+def golden_inputs(case: Path, parse_errors: Optional[int] = None):
+    """A golden case's tree and log through the pipeline (as tests/test_golden.py replays them): what the agent
+    hands its collector, (snapshot source, live workloads, node info, cgroup parse errors)."""
+    config = golden_config(case, Path("/nonexistent"))
+    replay = Replay(Settings(boot_id=Proc(config.proc).boot_id(), boot_time=BOOT_TIME, kmsg_source=None,
+                             counting=False), now=DETECTED_AT,
+                    single_process_oom_kill=NodePosture(config, Proc(config.proc)).single_process_oom_kill())
+    replay.run(tree_events(case / "cgroup", case / "run", case / "pods") + saved_log_events(case / "kmsg"))
+    view = replay.pipeline.view()
+    fs = CgroupFS(config.cgroup_root)
+    posture = NodePosture(config, Proc(config.proc))
+    return (view, lambda: scraped_workloads(view.workloads, StatCache(fs), fs, set()),
+            lambda: posture.info_with(view.single_process_oom_kill),
+            lambda: fs.parse_errors if parse_errors is None else parse_errors)
+
+
 @pytest.mark.parametrize("case", GOLDEN, ids=[c.name for c in GOLDEN])
-def test_golden_trees_byte_identical_to_prometheus_client(case: Path, tmp_path: Path) -> None:
-    with running_agent(golden_config(case, tmp_path), clock=lambda: DETECTED_AT) as agent:
-        assert wait_for(lambda: agent.kmsg_alive), agent.kmsg_error
-        ours = agent.collector  # what the agent serves
-        reference = ReferenceCollector(agent.store, agent.live_workloads, agent.posture.info,
-                                       cgroup_parse_errors=lambda: agent.fs.parse_errors)
-        content_type, chunks = ours.metrics("text/plain")
-        body = b"".join(chunks)
-        assert body == reference_text(reference)
-        assert content_type == CONTENT_TYPE
-        # The golden file holds the same bytes (what the agent serves).
-        assert body.decode() == (case / "expected-metrics.txt").read_text()
-        # A registry still works: prometheus_client renders collect() to the same text.
-        assert reference_text(ours) == body
+def test_golden_trees_byte_identical_to_prometheus_client(case: Path) -> None:
+    view, live, info, parse_errors = golden_inputs(case)
+    ours = OomwatchCollector(view, live, info, cgroup_parse_errors=parse_errors)
+    reference = ReferenceCollector(view, live, info, cgroup_parse_errors=parse_errors)
+    content_type, chunks = ours.metrics("text/plain")
+    body = b"".join(chunks)
+    assert body == reference_text(reference)
+    assert content_type == CONTENT_TYPE
+    # The golden file holds the same bytes (what the agent serves: tests/test_golden.py).
+    assert body.decode() == (case / "expected-metrics.txt").read_text()
+    # A registry still works: prometheus_client renders collect() to the same text.
+    assert reference_text(ours) == body
 
 
 def _incident(kind: str, cgroup: str, workload: Workload, killed: int, when: float) -> Incident:
@@ -478,13 +498,11 @@ def test_series_per_workload() -> None:
 
 @pytest.mark.tools
 @pytest.mark.parametrize("case", GOLDEN, ids=[c.name for c in GOLDEN])
-def test_promtool_accepts_the_exposition(case: Path, tmp_path: Path) -> None:
+def test_promtool_accepts_the_exposition(case: Path) -> None:
     """The real promtool (Debian's prometheus, installed by scripts/setup-deploy-tools) on what the collector
     writes for a golden tree, with the cgroup parse-error counter and the hostile label values added."""
-    with running_agent(golden_config(case, tmp_path), clock=lambda: DETECTED_AT) as agent:
-        assert wait_for(lambda: agent.kmsg_alive), agent.kmsg_error
-        golden = OomwatchCollector(agent.store, agent.live_workloads, agent.posture.info,
-                                   cgroup_parse_errors=lambda: 2).exposition()
+    view, live, info, parse_errors = golden_inputs(case, parse_errors=2)
+    golden = OomwatchCollector(view, live, info, cgroup_parse_errors=parse_errors).exposition()
     store = _store()
     hostile = OomwatchCollector(store, lambda: [(labels, _stats(i)) for i, labels in enumerate(HOSTILE)],
                                 lambda: NodeInfo('6.1 "x"', "2", "unknown")).exposition()

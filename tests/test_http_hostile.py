@@ -725,18 +725,18 @@ def test_a_scrape_that_ends_while_its_last_chunk_is_sent_is_finished_for_its_cli
         assert get(sink, timeout=3) == (200, BODY * 3)
 
 
-def test_checks_take_at_most_their_share_of_a_core() -> None:
-    """Three clients' checks of 50 ms of CPU each, with check_cpu_share 0.25: each starts at least 150 ms after
-    the previous one ended, whatever the clients do."""
-    runs: list[tuple[float, float]] = []
-
-    def burn() -> None:
-        started, cpu = time.monotonic(), time.thread_time()
-        while time.thread_time() - cpu < 0.05:
-            pass
-        runs.append((started, time.monotonic()))
+def test_checks_take_at_most_their_share_of_a_core_and_a_first_one_is_not_kept_waiting() -> None:
+    """Checks of 0.1 s of CPU with check_cpu_share 0.25: a client's next check starts at least 0.3 s after the
+    last one ended; a client that never had one goes first, and at once."""
+    runs: list[tuple[str, float, float]] = []
 
     def handler(request):
+        def burn() -> None:
+            started, cpu = time.monotonic(), time.thread_time()
+            while time.thread_time() - cpu < 0.1:
+                pass
+            runs.append((request.client, started, time.monotonic()))
+
         return Check(request.client, burn, lambda _: Response(200, "text/plain", b"ok\n"),
                      Response(429, "text/plain", b"busy\n"))
 
@@ -744,15 +744,20 @@ def test_checks_take_at_most_their_share_of_a_core() -> None:
                         limits=Limits(check_cpu_share=0.25))
     server.start()
     try:
-        socks = [socket.create_connection(server.address, timeout=5, source_address=(f"127.0.0.{n}", 0))
-                 for n in (1, 2, 3)]
-        for sock in socks:
-            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        for sock in socks:
-            assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
-            sock.close()
+        guesser = socket.create_connection(server.address, timeout=5, source_address=(OTHER_CLIENT, 0))
+        for _ in range(2):
+            guesser.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert guesser.recv(65536).startswith(b"HTTP/1.1 200 ")
+        guesser.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")  # waits for its turn on the CPU
+        assert wait_for(lambda: len(server._checks_waiting) == 1)
+        scraper = socket.create_connection(server.address, timeout=5)
+        scraper.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert scraper.recv(65536).startswith(b"HTTP/1.1 200 ")
+        assert guesser.recv(65536).startswith(b"HTTP/1.1 200 ")
+        guesser.close()
+        scraper.close()
     finally:
         server.stop()
-    assert len(runs) == 3
-    for (_, ended), (started, _) in zip(runs, runs[1:]):
-        assert started - ended >= 0.15 - 0.01, runs
+    assert [client for client, _, _ in runs] == [OTHER_CLIENT, OTHER_CLIENT, "127.0.0.1", OTHER_CLIENT]
+    assert runs[1][1] - runs[0][2] >= 0.3 - 0.01, runs  # paced
+    assert runs[3][1] - runs[2][2] >= 0.3 - 0.01, runs  # paced after the scraper's too

@@ -9,6 +9,7 @@ import pytest
 from oomwatch.workloads.kubelet import (
     KubeletOomPolicy,
     parse_kubelet_config,
+    read_kubelet_cgroup_root,
     read_kubelet_config,
     single_process_oom_kill,
 )
@@ -82,3 +83,26 @@ def test_read_kubelet_config(tmp_path):
     assert policy == KubeletOomPolicy(single_process_oom_kill=True)
     garbled = read_kubelet_config(str(KUBELET / "garbled.yaml"))
     assert garbled is not None and garbled.error
+
+
+# --- cgroupRoot: where the kubelet puts pods (oomwatch.workloads.paths.CgroupLayout) ----------------------
+
+
+def test_cgroup_root_from_a_config():
+    kind = parse_kubelet_config((KUBELET / "kind-cgroup-root.yaml").read_text())
+    assert (kind.error, kind.cgroup_root) == (None, "/kubelet")
+    assert parse_kubelet_config((KUBELET / "kubeadm-unset.yaml").read_text()).cgroup_root == "/"
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['""', "null", "kubelet", "5", "[/a]", '"/a\\0b"'],
+)
+def test_a_cgroup_root_that_is_no_absolute_path_is_the_default(value):
+    assert parse_kubelet_config(f"kind: KubeletConfiguration\ncgroupRoot: {value}\n").cgroup_root == "/"
+
+
+def test_read_kubelet_cgroup_root(tmp_path):
+    assert read_kubelet_cgroup_root(str(KUBELET / "kind-cgroup-root.yaml")) == "/kubelet"
+    assert read_kubelet_cgroup_root(str(tmp_path / "absent.yaml")) == "/"
+    assert read_kubelet_cgroup_root(str(KUBELET / "garbled.yaml")) == "/"

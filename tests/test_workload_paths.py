@@ -1,11 +1,17 @@
 """cgroup path → workload: table-driven over real-shaped paths (both cgroup drivers, every QoS class,
-each runtime, crun children, Slurm, systemd), and the docs/contract.md `scope` rules."""
+each runtime, crun children, Slurm, systemd), the kubelet's cgroupRoot, paths forged to look like another
+pod's or Slurm job's, and the docs/contract.md `scope` rules."""
 
 from __future__ import annotations
 
 import pytest
 
+from oomwatch.model import Incident, KilledProcess
+from oomwatch.sinks.collector import NodeInfo, OomwatchCollector
+from oomwatch.store import Store
 from oomwatch.workloads import (
+    CgroupLayout,
+    WorkloadResolver,
     container_cgroup_of,
     identify,
     is_kubepods_root,
@@ -13,6 +19,8 @@ from oomwatch.workloads import (
     pod_cgroup_of,
     scope_of,
 )
+from oomwatch.workloads.paths import kubepods_roots, normalize
+from oomwatch.workloads.runtime import ContainerNames
 
 UID = "0b0c6e1a-7d2f-4c4e-9a1b-3f5e8d2c7a41"
 UID_ = UID.replace("-", "_")
@@ -69,19 +77,6 @@ KUBERNETES_CASES = [
     ("/kubepods.slice/kubepods-burstable.slice", "other", "/kubepods.slice/kubepods-burstable.slice", None, None,
      None, "qos"),
     ("/kubepods/besteffort", "other", "/kubepods/besteffort", None, None, None, "qos"),
-    # a cgroupRoot before kubepods: cgroupfs, systemd (kind's kubelet.slice), and kind inside docker
-    (f"/kubelet/kubepods/burstable/pod{UID}/{CID}", "k8s-container", f"/kubelet/kubepods/burstable/pod{UID}/{CID}",
-     UID, CID, None, "container"),
-    (f"/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
-     f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope", "k8s-container",
-     f"/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
-     f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope", UID, CID, "containerd", "container"),
-    (f"/system.slice/docker-{CID2}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice/"
-     f"cri-containerd-{CID}.scope", "k8s-container",
-     f"/system.slice/docker-{CID2}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice/"
-     f"cri-containerd-{CID}.scope", UID, CID, "containerd", "container"),
-    ("/kubelet.slice/kubelet-kubepods.slice", "other", "/kubelet.slice/kubelet-kubepods.slice", None, None, None,
-     "node-allocatable"),
 ]
 
 
@@ -94,6 +89,150 @@ def test_kubernetes_paths(path, wtype, cgroup, pod_uid, container_id, runtime, l
     assert workload.container_id == container_id
     assert workload.runtime == runtime
     assert kubepods_level(path) == level
+
+
+# A kubelet with a cgroupRoot:
+# (cgroupRoot, path, type, workload cgroup, pod_uid, container_id, runtime, level)
+KIND_SD = "/kubelet.slice/kubelet-kubepods.slice"
+KIND_IN_DOCKER = f"/system.slice/docker-{CID2}.scope"
+KIND_CTR = f"{KIND_SD}/kubelet-kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope"
+ROOT_CASES = [
+    # cgroupfs driver
+    ("/kubelet", f"/kubelet/kubepods/burstable/pod{UID}/{CID}", "k8s-container",
+     f"/kubelet/kubepods/burstable/pod{UID}/{CID}", UID, CID, None, "container"),
+    # systemd driver (kind: cgroupRoot /kubelet), the root given as cgroupfs names or as the slice
+    ("/kubelet", f"{KIND_SD}/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/"
+     f"cri-containerd-{CID}.scope", "k8s-container",
+     f"{KIND_SD}/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/"
+     f"cri-containerd-{CID}.scope", UID, CID, "containerd", "container"),
+    ("/kubelet.slice", f"{KIND_SD}/kubelet-kubepods-pod{UID_}.slice", "k8s-pod",
+     f"{KIND_SD}/kubelet-kubepods-pod{UID_}.slice", UID, None, None, "pod"),
+    ("/kubelet", KIND_SD, "other", KIND_SD, None, None, None, "node-allocatable"),
+    ("/kubelet", f"{KIND_SD}/kubelet-kubepods-burstable.slice", "other",
+     f"{KIND_SD}/kubelet-kubepods-burstable.slice", None, None, None, "qos"),
+    # kind seen from the host: the node container's scope, then the kubelet's root
+    (f"{KIND_IN_DOCKER}/kubelet", f"{KIND_IN_DOCKER}{KIND_CTR}", "k8s-container", f"{KIND_IN_DOCKER}{KIND_CTR}",
+     UID, CID, "containerd", "container"),
+    # with that root, the default root's layout is nobody's pods, and neither is kind's root seen from the host
+    ("/kubelet", f"/kubepods/burstable/pod{UID}/{CID}", "other", f"/kubepods/burstable/pod{UID}/{CID}", None,
+     None, None, None),
+    ("/kubelet", f"{KIND_IN_DOCKER}{KIND_CTR}", "systemd", f"{KIND_IN_DOCKER}{KIND_CTR}", None, CID, "containerd",
+     None),
+    # the systemd names must carry the root's prefix: an unrecognised child of kubepods, no pod
+    ("/kubelet", f"{KIND_SD}/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope", "other",
+     f"{KIND_SD}/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope", None, None, None, None),
+]
+
+
+@pytest.mark.parametrize("root,path,wtype,cgroup,pod_uid,container_id,runtime,level", ROOT_CASES)
+def test_the_kubelets_cgroup_root(root, path, wtype, cgroup, pod_uid, container_id, runtime, level):
+    layout = CgroupLayout(root)
+    workload = layout.identify(path)
+    assert (workload.type, workload.cgroup, workload.pod_uid, workload.container_id, workload.runtime) == (
+        wtype, cgroup, pod_uid, container_id, runtime)
+    assert layout.kubepods_level(path) == level
+    assert WorkloadResolver(layout=layout).identify(path) == workload
+
+
+@pytest.mark.parametrize(
+    "root,cgroupfs,systemd",
+    [
+        ("/", "/kubepods", "/kubepods.slice"),
+        ("", "/kubepods", "/kubepods.slice"),
+        ("/kubelet", "/kubelet/kubepods", "/kubelet.slice/kubelet-kubepods.slice"),
+        ("/kubelet.slice", "/kubelet.slice/kubepods", "/kubelet.slice/kubelet-kubepods.slice"),
+        ("/a-b/c", "/a-b/c/kubepods", "/a_b.slice/a_b-c.slice/a_b-c-kubepods.slice"),
+        (f"{KIND_IN_DOCKER}/kubelet", f"{KIND_IN_DOCKER}/kubelet/kubepods",
+         f"{KIND_IN_DOCKER}/kubelet.slice/kubelet-kubepods.slice"),
+    ],
+)
+def test_kubepods_roots(root, cgroupfs, systemd):
+    assert ["/" + "/".join(r.parts) for r in kubepods_roots(root)] == [cgroupfs, systemd]
+
+
+# --- forged identities -----------------------------------------------------------------------------------
+
+USER = "/user.slice/user-1000.slice/user@1000.service"
+# (path, type, workload cgroup): anyone with a delegated subtree can spell a pod's or a job's path below it.
+FORGED = [
+    (f"{USER}/kubepods/burstable/pod{UID}/{CID}", "systemd", USER),
+    (f"{USER}/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice", "systemd",
+     f"{USER}/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice"),
+    (f"{USER}/app.slice/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope", "systemd",
+     f"{USER}/app.slice/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope"),
+    (f"/rootless/kubepods/pod{UID}/{CID}", "other", f"/rootless/kubepods/pod{UID}/{CID}"),
+    (f"{USER}/slurmstepd.scope/job_42/step_0/user/task_0", "systemd", f"{USER}/slurmstepd.scope"),
+    (f"{USER}/job_42/step_0", "systemd", USER),
+    ("/system.slice/foo.service/slurmstepd.scope/job_42/step_0", "systemd",
+     "/system.slice/foo.service/slurmstepd.scope"),
+    ("/srv/slurmstepd.scope/job_42/step_batch", "systemd", "/srv/slurmstepd.scope"),
+]
+
+
+@pytest.mark.parametrize("path,wtype,cgroup", FORGED)
+def test_a_path_spelt_like_a_pod_or_a_job_elsewhere_is_neither(path, wtype, cgroup):
+    workload = identify(path)
+    assert (workload.type, workload.cgroup) == (wtype, cgroup)
+    assert workload.pod_uid is None and workload.slurm_job is None
+    assert kubepods_level(path) is None and pod_cgroup_of(path) is None and container_cgroup_of(path) is None
+    assert workload.metric_labels() == ("", "", "", cgroup)  # its own series, under its own cgroup
+
+
+def test_below_a_real_container_a_forged_pod_is_still_that_container():
+    """A container allowed to create cgroups (cgroupns, delegation) nests another pod's path: its kills stay
+    its own container's."""
+    outer = f"{FS_BURST_POD}/{CID}"
+    workload = identify(f"{outer}/kubepods/burstable/pod{STATIC_UID}/{CID2}")
+    assert (workload.type, workload.cgroup, workload.container_id, workload.pod_uid) == (
+        "k8s-container", outer, CID, UID)
+
+
+class _Names:
+    """The runtime's names of the real container (its bundle), as RuntimeNames.lookup gives them."""
+
+    def lookup(self, container_id, pod_uid=None):
+        if container_id == CID or pod_uid == UID:
+            return ContainerNames(container_id=container_id, container_type="container", container="trainer",
+                                  pod="train-0", namespace="ml", pod_uid=UID, runtime="containerd")
+        return None
+
+
+def _kill(cgroup: str, workload, seq: int) -> Incident:
+    victim = KilledProcess(pid=100 + seq, comm="dd", uid=1000, cgroup=cgroup, total_vm_bytes=1,
+                           anon_rss_bytes=1, file_rss_bytes=0, shmem_rss_bytes=0, oom_score_adj=0)
+    return Incident(time=1795380000.0 + seq, boot_id="b", kernel_seq=seq, kind="group", constraint="memcg",
+                    scope="container", oom_cgroup=cgroup, group_cgroup=cgroup, trigger=None, memory=None,
+                    victim=victim, killed=(victim,), workload=workload, workloads=(workload,),
+                    explanation="x", detected_at=1795380000.5 + seq, evidence="kmsg")
+
+
+def test_kills_in_a_forged_pod_path_never_reach_the_real_pods_series():
+    """Issue 19: three kills in a user's `…/kubepods/burstable/pod<real uid>/<real container id>` raised the
+    real container's group kills from 1 to 4: the path resolved to its names through the runtime's bundle."""
+    real, forged = f"{FS_BURST_POD}/{CID}", f"{USER}/kubepods/burstable/pod{UID}/{CID}"
+    resolver = WorkloadResolver(_Names())  # type: ignore[arg-type]
+    real_workload, forged_workload = resolver.resolve(real), resolver.resolve(forged)
+    assert real_workload.metric_labels() == ("ml", "train-0", "trainer", "")
+    assert (forged_workload.type, forged_workload.pod, forged_workload.namespace) == ("systemd", None, None)
+    store = Store(clock=lambda: 1000.0)
+    store.publish(_kill(real, real_workload, 1))
+    for seq in (2, 3, 4):
+        store.publish(_kill(forged, forged_workload, seq))
+    text = OomwatchCollector(store, lambda: [], lambda: NodeInfo("6.1", "2", "false")).exposition().decode()
+    assert ('oomwatch_oom_kills_total{cgroup="",container="trainer",kind="group",namespace="ml",'
+            'pod="train-0"} 1.0\n') in text
+    assert (f'oomwatch_oom_kills_total{{cgroup="{USER}",container="",kind="group",namespace="",pod=""}} 3.0\n'
+            in text)
+    assert resolver.container_appeared(forged) is None  # its names are not even read
+
+
+def test_names_keep_every_byte_but_slashes():
+    """A cgroup name may start or end with spaces or newlines: they are part of its identity."""
+    for path in ("/a/b ", "/a/ b", "/a/b\n", "/a/\tb.service\t"):
+        assert normalize(path) == path
+        assert identify(path).cgroup == path
+    assert identify("/system.slice/x.service\n").unit == "system.slice"  # `x.service\n` is no unit name
+    assert normalize("//a//b/") == "/a/b"
 
 
 def test_pod_uid_loses_systemd_underscores():

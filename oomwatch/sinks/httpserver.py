@@ -24,10 +24,10 @@ What a client can make this server do, at most:
   gone before its scrape starts costs nothing. At most `max_bodies` finished scrape bodies stay in memory for
   slow readers; the slowest are dropped beyond.
 - wait for a slow check the route asks for (`Check`: a bcrypt password check) on the check thread, one check
-  at a time and at most `check_cpu_share` of a core in all, at most one waiting per client and
-  `max_checks_waiting` in all (beyond, the route's `busy` answer); the client whose last check is oldest (or
-  who never had one) goes first, so a guesser's queue does not delay a scraper's first check. The loop keeps
-  answering meanwhile.
+  at a time, at most one waiting per client and `max_checks_waiting` in all (beyond, the route's `busy`
+  answer). The client whose last check is oldest goes first; one who never had one goes at once, the others
+  when the checks so far have taken no more than `check_cpu_share` of a core, so a guesser neither burns the
+  CPU nor delays a scraper's first check by more than the one running. The loop keeps answering meanwhile.
 - no request bodies: a request with one is answered 400 and the connection closed.
 - log: at most one line per kind of misbehaviour every 10 s (with how many were left out), never a traceback
   per connection.
@@ -817,9 +817,11 @@ class HttpServer:
         one at a time, when check_cpu_share allows."""
         if self._check_running is not None or not self._checks_waiting:
             return
-        if time.monotonic() < self._check_next_at:
-            return  # the loop's select wakes at _check_next_at
         client = min(self._checks_waiting, key=lambda c: self._check_last.get(c, -1.0))
+        if client in self._check_last and time.monotonic() < self._check_next_at:
+            return  # the loop's select wakes at _check_next_at
+        # (a client's first check is not paced: a scraper's first after a restart is not kept waiting by a
+        # guesser's; a client is an address, which a peer cannot make up without end)
         conn = self._checks_waiting.pop(client)
         self._check_running = conn
         if self._checker is None:  # started at the first check: no thread without basic auth

@@ -257,8 +257,8 @@ class BasicAuth:
 
     A bcrypt check costs about 50-100 ms at cost 10 and over a second at 14. The server asks for it as a
     `Check` (httpserver.py): it runs on the check thread, never on the one that answers `/healthz`, one at a
-    time, the client whose last check is oldest first, and the checks together take at most a quarter of one
-    core (Limits.check_cpu_share) whatever the bcrypt cost and however many clients ask. Here:
+    time, the client whose last check is oldest first, and beyond each client's first check the checks take
+    at most a quarter of one core (Limits.check_cpu_share) whatever the bcrypt cost. Here:
     - `known()`: credentials that passed are remembered (by their SHA-256, as exporter-toolkit caches them),
       so a scraper pays once. Failures are not remembered: a stranger cannot fill the memory and push the
       scraper's entry out, nor make a wrong password cheap to repeat.

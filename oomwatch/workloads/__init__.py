@@ -1,6 +1,8 @@
 """Workload attribution: cgroup path → Kubernetes container / pod, Slurm step, systemd unit or other."""
 
 from oomwatch.workloads.paths import (
+    DEFAULT_LAYOUT,
+    CgroupLayout,
     container_cgroup_of,
     identify,
     is_kubepods_root,
@@ -11,6 +13,8 @@ from oomwatch.workloads.paths import (
 from oomwatch.workloads.resolver import WorkloadResolver
 
 __all__ = [
+    "DEFAULT_LAYOUT",
+    "CgroupLayout",
     "WorkloadResolver",
     "container_cgroup_of",
     "identify",

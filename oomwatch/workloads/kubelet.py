@@ -1,4 +1,5 @@
-"""The kubelet's OOM policy: KubeletConfiguration `singleProcessOOMKill` (kubernetes#126096).
+"""The kubelet's OOM policy: KubeletConfiguration `singleProcessOOMKill` (kubernetes#126096), and where it
+puts pods (`cgroupRoot`).
 
 Since 1.28 the kubelet asks the runtime for `memory.oom.group=1` on every container cgroup on cgroup v2,
 so one process running out of memory takes its whole container down. `singleProcessOOMKill: true` turns
@@ -6,6 +7,9 @@ that off. Unset means false on cgroup v2 (group kill) and the kubelet forces it 
 has no `memory.oom.group`. Kubelets before 1.32 do not know the field; 1.28–1.31 group-kill on cgroup v2
 like an unset field does, and before 1.28 nothing set oom.group at all: the per-cgroup `memory.oom.group`
 that oomwatch reads is the ground truth, this is the declared intent.
+
+`cgroupRoot` ("/" when unset) is where the kubelet creates `kubepods`: only cgroups below it are Kubernetes
+workloads (oomwatch.workloads.paths.CgroupLayout).
 """
 
 from __future__ import annotations
@@ -16,16 +20,28 @@ from typing import Optional, Union
 
 DEFAULT_KUBELET_CONFIG = "/var/lib/kubelet/config.yaml"
 _FIELD = "singleProcessOOMKill"
+_ROOT_FIELD = "cgroupRoot"
+DEFAULT_CGROUP_ROOT = "/"
 _MAX_CONFIG_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class KubeletOomPolicy:
     """What a kubelet config file says. `single_process_oom_kill` None = the field is unset;
-    `error` set = the file could not be understood (then the value means nothing)."""
+    `error` set = the file could not be understood (then the value means nothing). `cgroup_root` is the
+    kubelet's cgroupRoot ("/" when unset or not a cgroup path: the kubelet's own default)."""
 
     single_process_oom_kill: Optional[bool] = None
     error: Optional[str] = None
+    cgroup_root: str = DEFAULT_CGROUP_ROOT
+
+
+def _cgroup_root(document: dict) -> str:
+    value = document.get(_ROOT_FIELD)
+    # The kubelet refuses anything but an absolute path here; "" means its default, "/".
+    if isinstance(value, str) and value.startswith("/") and "\x00" not in value:
+        return value
+    return DEFAULT_CGROUP_ROOT
 
 
 def parse_kubelet_config(text: str) -> KubeletOomPolicy:
@@ -45,13 +61,14 @@ def parse_kubelet_config(text: str) -> KubeletOomPolicy:
     kind = document.get("kind")
     if kind is not None and kind != "KubeletConfiguration":
         return KubeletOomPolicy(error=f"not a KubeletConfiguration (kind {kind!r})")
+    root = _cgroup_root(document)
     if _FIELD not in document or document[_FIELD] is None:
-        return KubeletOomPolicy(single_process_oom_kill=None)
+        return KubeletOomPolicy(single_process_oom_kill=None, cgroup_root=root)
     value = document[_FIELD]
     if not isinstance(value, bool):
         # The kubelet itself rejects a non-boolean here (strict decoding), so it would not be running.
-        return KubeletOomPolicy(error=f"{_FIELD} is not a boolean: {value!r}")
-    return KubeletOomPolicy(single_process_oom_kill=value)
+        return KubeletOomPolicy(error=f"{_FIELD} is not a boolean: {value!r}", cgroup_root=root)
+    return KubeletOomPolicy(single_process_oom_kill=value, cgroup_root=root)
 
 
 def single_process_oom_kill(policy: Optional[KubeletOomPolicy], cgroup_version: Union[int, str, None]) -> str:
@@ -82,3 +99,10 @@ def read_kubelet_config(path: str = DEFAULT_KUBELET_CONFIG) -> Optional[KubeletO
     if len(data) > _MAX_CONFIG_BYTES:
         return KubeletOomPolicy(error="config file too large")
     return parse_kubelet_config(data.decode("utf-8", errors="replace"))
+
+
+def read_kubelet_cgroup_root(path: str = DEFAULT_KUBELET_CONFIG) -> str:
+    """The kubelet's cgroupRoot from its config at `path`: "/" when the file is absent, unreadable or garbled
+    (the kubelet's default, and the strictest choice: only `/kubepods` and `/kubepods.slice` are pods')."""
+    policy = read_kubelet_config(path)
+    return DEFAULT_CGROUP_ROOT if policy is None else policy.cgroup_root

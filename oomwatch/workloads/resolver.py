@@ -4,6 +4,10 @@ The path says what kind of workload it is and carries the ids (container id, pod
 turns the ids into container / pod / namespace names without the API server; PodIndex, when there is
 API access, adds the pod's controlling owner and training job. Each source is optional and each only
 fills what is still unknown, so a saved log replayed on a laptop still gets its path-level identity.
+
+Which paths are Kubernetes' is the node's `CgroupLayout` (the kubelet's cgroupRoot): names are looked up
+only for those, so a path spelt like a pod's elsewhere never gets a real pod's names (docs/contract.md,
+"Identity").
 """
 
 from __future__ import annotations
@@ -13,20 +17,29 @@ from typing import Any, Optional
 
 from oomwatch.model import Workload
 from oomwatch.workloads.kubeapi import PodIndex
-from oomwatch.workloads.paths import CONTAINER, identify, kubepods_level, normalize
+from oomwatch.workloads.paths import CONTAINER, DEFAULT_LAYOUT, CgroupLayout, normalize
 from oomwatch.workloads.runtime import ContainerNames, RuntimeNames
 
 
 class WorkloadResolver:
+    """`layout` says which cgroups are the kubelet's (CgroupLayout(cgroupRoot); the default is a kubelet with
+    cgroupRoot "/"). Its `identify`, `kubepods_level` and `scope_of` are this node's: use them, not the
+    module-level functions of oomwatch.workloads.paths, wherever the agent asks who a path belongs to."""
+
     def __init__(
-        self, runtime_names: Optional[RuntimeNames] = None, pod_index: Optional[PodIndex] = None
+        self, runtime_names: Optional[RuntimeNames] = None, pod_index: Optional[PodIndex] = None, *,
+        layout: CgroupLayout = DEFAULT_LAYOUT,
     ) -> None:
         self.runtime_names = runtime_names
         self.pod_index = pod_index
+        self.layout = layout
+        self.identify = layout.identify
+        self.kubepods_level = layout.kubepods_level
+        self.scope_of = layout.scope_of
 
     def resolve(self, cgroup_path: str) -> Workload:
         """The workload of a cgroup, with every name the node and the API server can give."""
-        workload = identify(cgroup_path)
+        workload = self.identify(cgroup_path)
         if not workload.is_kubernetes:
             return workload
         changes: dict[str, Any] = {}
@@ -68,9 +81,9 @@ class WorkloadResolver:
     def container_appeared(self, cgroup_path: str) -> Optional[ContainerNames]:
         """Called by the cgroup watcher for each new cgroup: when it is a container cgroup, read and keep
         the container's names now, while its runtime bundle still exists."""
-        if self.runtime_names is None or kubepods_level(cgroup_path) != CONTAINER:
+        if self.runtime_names is None or self.kubepods_level(cgroup_path) != CONTAINER:
             return None
-        workload = identify(cgroup_path)
+        workload = self.identify(cgroup_path)
         if workload.container_id is None or workload.cgroup != normalize(cgroup_path):
             return None  # a crun `container`/`exec` child: its container was remembered already
         return self.runtime_names.remember(workload.container_id)
