@@ -20,7 +20,7 @@ from oomwatch.config import Config
 from oomwatch.events import StateSaved, Stop, Tick
 from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, scraped_workloads
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
-from oomwatch.process import malloc_trimmed
+from oomwatch.process import malloc_trimmed, nice_this_thread
 from oomwatch.sinks import EventsFileSink, LogSink, PodEventSink, Sink, StateFileSink
 from oomwatch.sinks.collector import OomwatchCollector
 from oomwatch.sinks.events import EventsFile
@@ -42,6 +42,7 @@ log = logging.getLogger("oomwatch.agent")
 # or systemd restarts it).
 FATAL_GRACE_SECONDS = 30.0
 VIEW_INTERVAL = 0.2  # while events keep coming, scrapes see a snapshot at most this old
+LOOP_NICE = -5
 
 
 class Agent:
@@ -107,8 +108,8 @@ class Agent:
         log.info("oomwatch agent listening on %s:%d (cgroups %s, kernel log %s)", *self.http.address,
                  self.config.cgroup_root, "syslog(2)" if self.kernel_log.kind == "syslog" else self.config.kmsg)
 
-    def _loop(self) -> None:
-        """The one loop: each event through the pipeline, then what it asks for."""
+    def _loop(self) -> None:  # the one loop: each event through the pipeline, then what it asks for
+        nice_this_thread(LOOP_NICE)  # keeps up with a storm's runnable OOMing tasks, where it may (CAP_SYS_NICE)
         try:
             while True:
                 deadline = self.pipeline.next_deadline()

@@ -25,6 +25,17 @@ def malloc_trimmed(chunks: Iterable[bytes]) -> Iterator[bytes]:
         libc.malloc_trim(0)
 
 
+def nice_this_thread(nice: int) -> None:
+    """Nice is per thread on Linux: the calling thread alone, where the process may (CAP_SYS_NICE)."""
+    import os
+    import threading
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError:
+        pass
+
+
 @functools.lru_cache(maxsize=1)
 def _glibc():
     """glibc, for its malloc tuning; None elsewhere (musl, macOS): nothing to tune."""
