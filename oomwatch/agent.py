@@ -81,14 +81,7 @@ class Agent:
         skip = self.kernel_log.open(lambda kind: self.store.cursor_seq if (
             self.store.boot_id == boot_id and self.store.cursor_source == kind) else None)
         self.cgroups.start()
-        settings = Settings(boot_id=boot_id, boot_time=self.config.boot_time or host_boot_time(),
-                            kmsg_source=self.kernel_log.kind, counting=self.kernel_log.kind is not None,
-                            quiet=self.config.quiet_seconds, witness_wait=0.5 if self.config.proc_connector else 0.0,
-                            persist=self.state is not None, skip_upto=skip, saved_log=self.kernel_log.saved)
-        self.pipeline = Pipeline(settings, self.store, WorkloadResolver(RuntimeNames(read_files=False),
-                                                                        self.pod_index),
-                                 now=self.clock(), accounts=extra.get("accounts"),
-                                 single_process_oom_kill=self.posture.single_process_oom_kill())
+        self.pipeline = _pipeline(self, boot_id, skip, extra)
         self.view = self.pipeline.view()  # scrapes see this until it is replaced
         for sink in self.sinks:
             sink.start(self.store.snapshot().incidents)
@@ -221,6 +214,18 @@ def _health(agent: Agent) -> tuple[bool, dict]:
         connector = agent.connector
         detail["proc_connector"] = (connector.error if connector is not None else "not running") or "ok"
     return kmsg_ok and cgroups_ok and not agent.fatal and "workloads" not in detail, detail
+
+
+def _pipeline(agent: Agent, boot_id: str, skip: Optional[int], extra: dict) -> Pipeline:
+    config, kernel_log = agent.config, agent.kernel_log
+    settings = Settings(boot_id=boot_id, boot_time=config.boot_time or host_boot_time(),
+                        kmsg_source=kernel_log.kind, counting=kernel_log.kind is not None,
+                        quiet=config.quiet_seconds, witness_wait=0.5 if config.proc_connector else 0.0,
+                        persist=agent.state is not None, skip_upto=skip, saved_log=kernel_log.saved)
+    return Pipeline(settings, agent.store, WorkloadResolver(RuntimeNames(read_files=False), agent.pod_index),
+                    now=agent.clock(), accounts=extra.get("accounts"),
+                    single_process_oom_kill=agent.posture.single_process_oom_kill(),
+                    state_error=agent.state.error if agent.state else None)
 
 
 def _until_failed(agent: Agent, run: Callable[[], None], why: str) -> None:

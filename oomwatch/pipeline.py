@@ -87,7 +87,8 @@ class Settings:
 
 class Pipeline:
     def __init__(self, settings: Settings, store: Store, resolver: WorkloadResolver, *, now: float,
-                 accounts: Optional[dict] = None, single_process_oom_kill: str = "unknown") -> None:
+                 accounts: Optional[dict] = None, single_process_oom_kill: str = "unknown",
+                 state_error: Optional[str] = None) -> None:
         self.settings = settings
         self.store = store
         self.resolver = resolver
@@ -112,7 +113,7 @@ class Pipeline:
         self._live = False  # the backlog already in the ring at start is not timed
         self._dirty = False
         self._saved_at = now
-        self.state_error: Optional[str] = None
+        self.state_error = state_error  # why the state is not saved (None: it is)
         self._identities: dict[str, Workload] = {}
         self._over_cap: set[str] = set()  # workload cgroups the full store could not take (exported when it can)
         self._handlers: dict[type, Callable[[Any, Effects], None]] = {

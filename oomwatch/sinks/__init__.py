@@ -105,7 +105,11 @@ class StateFileSink(NoLifecycle):
         """Lock the directory (StateLocked: another agent has it) and restore `store`; the extra sections."""
         self.file.lock()
         outcome, extra = self.file.load(store, boot_id)
-        (log.error if outcome.startswith("corrupt") else log.info)("state in %s: %s", self.file.dir, outcome)
+        (log.error if outcome.startswith(("corrupt", "kept")) else log.info)("state in %s: %s", self.file.dir,
+                                                                             outcome)
+        self.error = self.file.problem  # a read-only or full directory: the agent runs on, without saving
+        if self.error and self.error not in outcome:  # (a state file kept as it is said so already)
+            log.error("state in %s is not saved: %s", self.file.dir, self.error)
         return extra
 
     def flush(self, state: Optional[dict[str, Any]]) -> None:
