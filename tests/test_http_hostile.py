@@ -569,8 +569,8 @@ def test_a_password_guesser_does_not_lock_the_scraper_out() -> None:
     sink, _, calls = basic_auth_sink(Metrics())
     sink.start()
     try:
-        guesses = [get_as(sink, authorization("prometheus", f"guess{n}"), source=OTHER_CLIENT) for n in range(12)]
-        assert set(guesses) == {401, 429} and guesses.count(401) <= 5  # its burst, then paced
+        guesses = [get_as(sink, authorization("prometheus", f"guess{n}"), source=OTHER_CLIENT) for n in range(5)]
+        assert guesses == [401] * 4 + [429]  # its burst, then refused
         assert get_as(sink, authorization("prometheus", "s3cret")) == 200  # another client: checked at once
         checks = len(calls)
         assert get_as(sink, authorization("prometheus", "s3cret")) == 200
@@ -617,15 +617,20 @@ def test_one_check_waits_per_client_and_the_least_recently_checked_goes_first() 
             statuses.setdefault(source, []).append(get_as(sink, authorization("prometheus", password), source=source))
 
         threads = []
-        for source, password, checks_waiting in (("127.0.0.2", "a", 0), ("127.0.0.2", "b", 1),
-                                                 ("127.0.0.2", "c", 1), ("127.0.0.3", "d", 2)):
+
+        def start(source: str, password: str) -> None:
             threads.append(threading.Thread(target=ask, args=(source, password)))
             threads[-1].start()
-            assert wait_for(lambda: len(calls) == 1 and  # noqa: B023 (127.0.0.2's first check runs)
-                            len(sink.server._checks_waiting) == checks_waiting or statuses.get(source))  # noqa: B023
-        # 127.0.0.2 has a check running and one waiting: its third is answered at once; so is a new
-        # client beyond max_checks_waiting.
-        assert statuses["127.0.0.2"] == [429]
+
+        start("127.0.0.2", "a")
+        assert wait_for(lambda: len(calls) == 1)  # 127.0.0.2's first check runs (and blocks)
+        start("127.0.0.2", "b")
+        assert wait_for(lambda: len(sink.server._checks_waiting) == 1)
+        start("127.0.0.2", "c")  # 127.0.0.2 has a check running and one waiting: refused
+        assert wait_for(lambda: statuses.get("127.0.0.2") == [429])
+        start("127.0.0.3", "d")
+        assert wait_for(lambda: len(sink.server._checks_waiting) == 2)
+        # and a new client beyond max_checks_waiting is refused too
         assert get_as(sink, authorization("prometheus", "s3cret")) == 429
         checked.set()
         for t in threads:
@@ -761,3 +766,25 @@ def test_checks_take_at_most_their_share_of_a_core_and_a_first_one_is_not_kept_w
     assert [client for client, _, _ in runs] == [OTHER_CLIENT, OTHER_CLIENT, "127.0.0.1", OTHER_CLIENT]
     assert runs[1][1] - runs[0][2] >= 0.3 - 0.01, runs  # paced
     assert runs[3][1] - runs[2][2] >= 0.3 - 0.01, runs  # paced after the scraper's too
+
+
+def test_a_refused_guess_is_answered_after_its_retry_after() -> None:
+    """A guesser on a keep-alive connection gets its 429 a second later (Retry-After: 1): it cannot make the
+    server answer refusals as fast as it asks; others are answered meanwhile."""
+    sink, _, _ = basic_auth_sink(Metrics())
+    sink.start()
+    try:
+        guesser = http.client.HTTPConnection(*sink.address, timeout=5, source_address=(OTHER_CLIENT, 0))
+        for n in range(4):  # its burst of checks
+            guesser.request("GET", "/metrics", headers={"Authorization": authorization("prometheus", f"g{n}")})
+            assert guesser.getresponse().read() == b"unauthorized\n"
+        started = time.monotonic()
+        guesser.request("GET", "/metrics", headers={"Authorization": authorization("prometheus", "g5")})
+        assert get(sink, "/healthz", timeout=1) == (200, b'{"kmsg": "ok"}\n')  # while the 429 is held
+        response = guesser.getresponse()
+        assert response.status == 429 and response.getheader("Retry-After") == "1"
+        response.read()
+        assert 0.9 < time.monotonic() - started < 3
+        guesser.close()
+    finally:
+        sink.stop()

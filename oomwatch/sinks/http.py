@@ -152,7 +152,7 @@ class HttpSink:
                 return self._unauthorized()
             if known is None:  # new credentials: a bcrypt check, off the loop, paced per client
                 busy = Response(429, _TEXT, b"too many new credentials; retry\n",
-                                (("Retry-After", "1"),) + self._headers)
+                                (("Retry-After", "1"),) + self._headers, hold=1.0)
                 if not self._basic.admit(request.client):
                     return busy
                 basic = self._basic

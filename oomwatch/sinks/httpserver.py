@@ -93,6 +93,8 @@ class Response:
     content_type: str
     body: bytes
     headers: tuple[tuple[str, str], ...] = ()
+    hold: float = 0.0  # seconds the server waits before sending it: a client told to retry later (429) cannot
+    # make it answer faster, so a flood of refused requests costs a timer, not a loop turn each
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,7 @@ class _Flight:
 class _Conn:
     __slots__ = ("sock", "tls", "state", "inbuf", "out", "deadline", "since", "events", "keep_alive",
                  "flight", "extra_headers", "chunk", "chunked", "headers_sent", "terminated", "peer_cert",
-                 "closed", "client", "burst", "check")
+                 "closed", "client", "burst", "check", "held", "release_at")
 
     def __init__(self, sock: socket.socket, tls: bool, now: float, header_timeout: float, client: str) -> None:
         self.sock = sock
@@ -265,6 +267,8 @@ class _Conn:
         self.closed = False
         self.burst = 0  # requests parsed since the client's input was last found empty (pipelining)
         self.check: Optional[Check] = None  # the password check it waits for
+        self.held: Optional[Response] = None  # a response it waits for (Response.hold), until release_at
+        self.release_at = 0.0
 
     @property
     def evictable(self) -> bool:
@@ -318,6 +322,7 @@ class HttpServer:
         self.failed_scrapes = 0  # the producer raised, or ran past write_timeout
         self.last_scrape_error: Optional[str] = None
         self.last_scrape_failed = False
+        self._held: set[_Conn] = set()  # connections waiting for a held response (Response.hold)
         self._ready: deque[_Conn] = deque()  # responses done: the next (pipelined) request is looked at from here
         self._checks_waiting: dict[str, _Conn] = {}  # client → its connection waiting for a check, in order
         self._check_running: Optional[_Conn] = None
@@ -383,6 +388,7 @@ class HttpServer:
                 deadlines.append(running.started + self.limits.write_timeout)
             if self._checks_waiting and self._check_running is None:
                 deadlines.append(self._check_next_at)
+            deadlines.extend(c.release_at for c in self._held)
             timeout = max(0.0, min(deadlines) - now) if deadlines else None  # None: block until an event
             for key, mask in self._sel.select(0 if self._ready else timeout):
                 if key.data is None:
@@ -454,6 +460,12 @@ class HttpServer:
     def _expire(self, now: float) -> None:
         for conn in [c for c in self._conns if c.deadline is not None and c.deadline <= now]:
             self._close(conn)
+        for conn in [c for c in self._held if c.release_at <= now]:
+            self._held.discard(conn)
+            response, conn.held = conn.held, None
+            if response is not None:
+                self._guarded(self._respond, conn, Response(response.status, response.content_type, response.body,
+                                                            response.headers))
         running = self._running
         if running is not None and not running.overdue and now - running.started >= self.limits.write_timeout:
             running.overdue = True  # its clients have given up on it: a failed scrape, whatever it does next
@@ -476,6 +488,7 @@ class HttpServer:
         self._interest(conn, 0)
         conn.closed = True
         self._conns.discard(conn)
+        self._held.discard(conn)
         self._leave_flight(conn)
         if conn.check is not None and self._checks_waiting.get(conn.check.client) is conn:
             del self._checks_waiting[conn.check.client]
@@ -527,7 +540,7 @@ class HttpServer:
                 return self._close(conn)
             conn.inbuf += data
             room -= len(data)
-        if room <= 0 and conn.state in ("checking", "waiting", "writing"):
+        if room <= 0 and conn.state in ("checking", "holding", "waiting", "writing"):
             self._interest(conn, 0)  # pipelined requests wait in the buffer until this response is done
         if conn.state in ("idle", "head"):
             self._next_request(conn)
@@ -599,6 +612,10 @@ class HttpServer:
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
     def _respond(self, conn: _Conn, response: Response) -> None:
+        if response.hold > 0:
+            conn.held, conn.release_at, conn.state = response, time.monotonic() + response.hold, "holding"
+            self._held.add(conn)
+            return self._interest(conn, selectors.EVENT_READ)  # to notice a client that leaves meanwhile
         head = self._head(conn, response.status, response.content_type, len(response.body), response.headers)
         conn.out.append(memoryview(head + response.body))
         conn.deadline = time.monotonic() + self.limits.write_timeout
