@@ -16,6 +16,8 @@ What a client can make this server do, at most:
 - take `header_timeout` seconds to send a request head or finish a TLS handshake (from accept, or from the
   first byte of a keep-alive request), `idle_timeout` between keep-alive requests and `write_timeout` to
   receive a response.
+- be sent, per turn of the loop, a share of SEND_PER_CLIENT by the connections its client holds: many
+  connections of one client get the bandwidth of one, and a turn (a /healthz waiting behind it) stays short.
 - have at most `max_pipelined` requests answered from what it sent before reading an answer (pipelining):
   beyond, the connection is closed. Buffered requests are answered from the loop, one per connection per turn,
   never by recursion.
@@ -129,6 +131,8 @@ REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
            500: "Internal Server Error", 503: "Service Unavailable", 505: "HTTP Version Not Supported"}
 _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
+SEND_PER_CLIENT = 1 << 20  # bytes a turn of the loop sends to one client, shared by its connections
+SEND_MIN = 16 << 10  # and to one connection at least
 
 
 def name_os_thread(name: str) -> None:
@@ -323,6 +327,7 @@ class HttpServer:
         self.last_scrape_error: Optional[str] = None
         self.last_scrape_failed = False
         self._held: set[_Conn] = set()  # connections waiting for a held response (Response.hold)
+        self._held_by: dict[str, int] = {}  # client → how many connections it holds
         self._ready: deque[_Conn] = deque()  # responses done: the next (pipelined) request is looked at from here
         self._checks_waiting: dict[str, _Conn] = {}  # client → its connection waiting for a check, in order
         self._check_running: Optional[_Conn] = None
@@ -438,16 +443,15 @@ class HttpServer:
                     continue
             conn = _Conn(sock, self._tls is not None, now, self.limits.header_timeout, client_key(_addr))
             self._conns.add(conn)
+            self._held_by[conn.client] = self._held_by.get(conn.client, 0) + 1
             self._interest(conn, selectors.EVENT_READ)
 
     def _evict_one(self) -> None:
         """Make room: the client holding the most connections gives one up, the one that has waited longest
         without a complete request, else its oldest (ties between clients: the same order)."""
-        held: dict[str, int] = {}
         if not self._conns:
             return
-        for conn in self._conns:
-            held[conn.client] = held.get(conn.client, 0) + 1
+        held = self._held_by
         most = max(held.values())
         crowded = [c for c in self._conns if held[c.client] == most]
         self._close(min(crowded, key=lambda c: (not c.evictable, c.since)))
@@ -489,6 +493,9 @@ class HttpServer:
         conn.closed = True
         self._conns.discard(conn)
         self._held.discard(conn)
+        left = self._held_by.pop(conn.client, 1) - 1
+        if left:
+            self._held_by[conn.client] = left
         self._leave_flight(conn)
         if conn.check is not None and self._checks_waiting.get(conn.check.client) is conn:
             del self._checks_waiting[conn.check.client]
@@ -623,16 +630,29 @@ class HttpServer:
         self._flush(conn)
 
     def _flush(self, conn: _Conn) -> None:
+        # What one turn may send to this connection: a share of SEND_PER_CLIENT by how many connections its
+        # client holds, so 250 connections of one client pulling scrapes get the bandwidth of one, and a
+        # turn of the loop (a /healthz waiting behind it) stays short.
+        budget = max(SEND_MIN, SEND_PER_CLIENT // self._held_by.get(conn.client, 1))
         while conn.out or self._refill(conn):
+            if budget <= 0:
+                return self._interest(conn, selectors.EVENT_WRITE)  # the rest at its next turn
             try:
                 if conn.tls:
-                    sent = conn.sock.send(conn.out[0][:65536])
+                    sent = conn.sock.send(conn.out[0][:min(65536, budget)])
                 else:
-                    sent = conn.sock.sendmsg(list(conn.out)[:16])
+                    views, room = [], budget
+                    for view in conn.out:
+                        views.append(view[:room])
+                        room -= len(views[-1])
+                        if room <= 0 or len(views) == 16:
+                            break
+                    sent = conn.sock.sendmsg(views)
             except self._would_block:
                 return self._interest(conn, selectors.EVENT_WRITE)
             except OSError:
                 return self._close(conn)
+            budget -= sent
             while sent:
                 first = conn.out[0]
                 if sent >= len(first):
