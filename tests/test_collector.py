@@ -12,6 +12,8 @@ table) and the metrics table of docs/contract.md, and the golden files hold ever
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import re
@@ -44,7 +46,7 @@ from oomwatch.node import NodePosture, scraped_workloads
 from oomwatch.pipeline import Settings
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.sources.statcache import StatCache
-from oomwatch.statefile import StateFile, save_state
+from oomwatch.statefile import StateFile, save_state, write_json
 from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, SCOPES, Store
 from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES, REPO
 from tests.replay import Replay, saved_log_events, tree_events
@@ -157,8 +159,8 @@ def reference_text(collector) -> bytes:
 
 
 def golden_inputs(case: Path, parse_errors: Optional[int] = None):
-    """A golden case's tree and log through the pipeline (as tests/test_golden.py replays them): what the agent
-    hands its collector, (snapshot source, live workloads, node info, cgroup parse errors)."""
+    """A golden case's tree and log through the pipeline (as tests/test_golden.py replays them): what the
+    agent hands its collector, (snapshot source, live workloads, node info, cgroup parse errors)."""
     config = golden_config(case, Path("/nonexistent"))
     replay = Replay(Settings(boot_id=Proc(config.proc).boot_id(), boot_time=BOOT_TIME, kmsg_source=None,
                              counting=False), now=DETECTED_AT,
@@ -548,3 +550,60 @@ def test_golden_metrics_have_bounded_labels_only(case: Path) -> None:
                 seen.add(name)
     assert {"kind", "scope", "role", "le"} <= seen  # the golden trees have incidents: the check ran on them
     assert "oomwatch_last_oom_kill_info{" in text
+
+
+# --- hostile names through the pipeline ------------------------------------------------------------------
+
+# Directory names a user can make in a delegated subtree (NAME_MAX is 255 bytes).
+HOSTILE_DIRS = [b"x\xffy.service", b"\xc3", b"a\nb.service", b" lead.scope", b'q"\\.service', b"\xfe" * 255,
+                b"\xed\xa0\x80", b"\x01\x1b[31m"]
+
+
+def _hostile_tree(tmp_path: Path) -> Path:
+    """memcg-scenarios' tree with the hostile names added beside `/a`, each a copy of it (a 64 MiB limit)."""
+    tree = tmp_path / "cgroup"
+    shutil.copytree(FIXTURES / "golden" / "memcg-scenarios" / "cgroup", tree)
+    for name in HOSTILE_DIRS:
+        directory = os.path.join(os.fsencode(tree), name)
+        os.mkdir(directory)
+        for f in (tree / "a").iterdir():
+            shutil.copyfile(f, os.path.join(directory, os.fsencode(f.name)))
+    return tree
+
+
+def test_hostile_cgroup_names_through_the_pipeline_and_a_restart(tmp_path: Path) -> None:
+    """The cgroup source reads the names (os.scandir: surrogate escapes), the pipeline keeps them, /metrics
+    exports each as the contract says, and after the state is written as the agent writes it and read back the
+    same series come out."""
+    case = FIXTURES / "golden" / "memcg-scenarios"
+    tree = _hostile_tree(tmp_path)
+    config = dataclasses.replace(golden_config(case, tmp_path), cgroup_root=str(tree))
+    posture = NodePosture(config, Proc(config.proc))
+    settings = Settings(boot_id=Proc(config.proc).boot_id(), boot_time=BOOT_TIME, kmsg_source=None,
+                        counting=False)
+    replay = Replay(settings, now=DETECTED_AT, single_process_oom_kill=posture.single_process_oom_kill())
+    replay.run(tree_events(tree) + saved_log_events(case / "kmsg"))
+    body = replay.metrics(config)
+    families = {f.name: f for f in text_string_to_metric_families(body.decode("utf-8"))}
+    exported = {s.labels["cgroup"] for s in families["oomwatch_memory_usage_bytes"].samples}
+    for name in HOSTILE_DIRS:
+        assert "/" + name.decode("utf-8", "backslashreplace") in exported, name
+    assert families["oomwatch_workloads_not_exported"].samples[0].value == 0
+    state = tmp_path / "state.json"
+    with open(state, "w") as f:
+        write_json(f, replay.pipeline.state())
+    restarted = Replay.restarted(json.loads(state.read_text()), settings, now=DETECTED_AT,
+                                 single_process_oom_kill=posture.single_process_oom_kill())
+    restarted.run(tree_events(tree))  # the cgroups it finds at start; the log was read before
+    assert restarted.metrics(config) == body
+
+
+@pytest.mark.tools
+def test_promtool_accepts_hostile_cgroup_names_through_the_pipeline(tmp_path: Path) -> None:
+    case = FIXTURES / "golden" / "memcg-scenarios"
+    tree = _hostile_tree(tmp_path)
+    config = dataclasses.replace(golden_config(case, tmp_path), cgroup_root=str(tree))
+    replay = Replay(Settings(boot_id=Proc(config.proc).boot_id(), boot_time=BOOT_TIME, kmsg_source=None,
+                             counting=False), now=DETECTED_AT)
+    replay.run(tree_events(tree) + saved_log_events(case / "kmsg"))
+    _promtool_check(replay.metrics(config))
