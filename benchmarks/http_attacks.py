@@ -1,4 +1,4 @@
-"""Issue 11's HTTP attacks against the real agent, and its idle wakeups (issue 12, "Idle is idle").
+"""Issue 11's and issue 19's HTTP attacks against the real agent, and its idle wakeups (issue 12, "Idle is idle").
 
     .venv/bin/python benchmarks/http_attacks.py                     # every attack, then idle (about 4 minutes)
     .venv/bin/python benchmarks/http_attacks.py slowloris idle --idle-seconds 20
@@ -9,9 +9,12 @@ fixtures/golden/k8s-runc (or --containers N pods of one container, as benchmarks
 is scraped idle 20 times before and 20 times after the attack (the idle figure is their median); during the
 attack, which runs in a process of its own, a normal client keeps scraping (a new connection and `GET /metrics`
 each time, every 0.25 s). Printed per attack: the agent's peak RSS (VmHWM, which covers its whole
-life), the most threads and open descriptors it had, /healthz during and after, and the normal scrape's wall
-time during the attack against idle (median and worst). Targets (issue 11): healthy, under 128 MiB, a normal
-scrape within 2x its idle time.
+life), the most threads and open descriptors it had, /healthz during and after (and its median time during),
+and the normal scrape's wall time during the attack against idle (median and worst). Targets (issues 11, 19):
+healthy, under 128 MiB, a normal scrape within 2x its idle time.
+
+Issue 19's attackers come from 127.0.0.2 (Linux routes 127.0.0.0/8 to the loopback), a client other than the
+normal scraper's 127.0.0.1, as another pod would be; issue 11's share the scraper's address.
 
 The attacks (the issue's figures):
 - slowloris: 300 connections send a request line, then one header line a second, never the blank line;
@@ -20,7 +23,20 @@ The attacks (the issue's figures):
 - half-sent: 250 connections send a request without its blank line and close, then 250 send a complete
   request and close at once (every second for 10 s);
 - idle-connections: 2,000 connections opened and left silent for 15 s;
-- slow-readers: 100 connections ask for /metrics and never read the answer.
+- slow-readers: 100 connections ask for /metrics and never read the answer;
+issue 19 (item 8):
+- unique-accept, unique-accept-250: 100 (250) keep-alive clients, each with an Accept header of its own,
+  scrape /metrics back to back for 15 s;
+- pipelined: every second for 10 s, 20 connections each send 1,000 pipelined `GET /metrics` (34 KB) and
+  read whatever comes back;
+- auth-guess, auth-guess-cost14: basic auth with a bcrypt hash of cost 12 (14); 8 clients send wrong
+  passwords, a new one each time, as fast as they are answered, for 20 s; the normal client scrapes with the
+  right password (its first request after the attack started, then the remembered one);
+- tls-handshakes: TLS; 300 connections send the first bytes of a ClientHello and stall, while 4 clients do
+  full handshakes back to back, for 15 s; the normal client scrapes over TLS (a handshake each time);
+- never-read-300: 300 connections (over the cap of 256) ask for /metrics and never read;
+- ipv6-idle: the agent listens on [::]:PORT; 2,000 silent connections over ::1 for 15 s (the normal client
+  on 127.0.0.1, through the dual stack).
 
 idle: a fresh agent, scraped once, then left alone: voluntary and involuntary context switches of each thread
 (/proc/PID/task/*/status) over --idle-seconds with no connection, then as long again with one keep-alive
@@ -30,6 +46,7 @@ connection held open as Prometheus holds it (target: 0 for the HTTP thread, `oom
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import multiprocessing
 import os
@@ -37,11 +54,14 @@ import resource
 import selectors
 import shutil
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
@@ -61,13 +81,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclass
+class Setup:
+    """How the agent listens, and how the normal client reaches it."""
+
+    listen_host: str = "127.0.0.1"
+    web_config: Path | None = None
+    context: ssl.SSLContext | None = None  # the normal client's, with TLS
+    authorization: str | None = None  # the normal client's, with basic auth
+    fresh_authorization: str | None = None  # another user's, checked for the first time during the attack
+
+
 class Agent:
-    def __init__(self, tree: Path | None) -> None:
+    def __init__(self, tree: Path | None, setup: Setup = Setup()) -> None:
         self.port = free_port()
+        self.setup = setup
         oomwatch = Path(sys.executable).with_name("oomwatch")
-        args = [str(oomwatch), "agent", "--listen", f"127.0.0.1:{self.port}", "--kube-api", "off",
+        listen = f"[{setup.listen_host}]" if ":" in setup.listen_host else setup.listen_host
+        args = [str(oomwatch), "agent", "--listen", f"{listen}:{self.port}", "--kube-api", "off",
                 "--log-level", "warning", "--boot-time", "2026-11-22T20:40:00Z",
                 "--kmsg", str(GOLDEN / "kmsg"), "--kubelet-config", str(GOLDEN / "kubelet" / "config.yaml")]
+        if setup.web_config is not None:
+            args += ["--web-config-file", str(setup.web_config)]
         if tree is None:
             args += ["--cgroup-root", str(GOLDEN / "cgroup"), "--proc", str(GOLDEN / "proc"),
                      "--run-root", str(GOLDEN / "run")]
@@ -86,10 +121,16 @@ class Agent:
             time.sleep(0.1)
         raise RuntimeError("agent not healthy after 60 s")
 
-    def get(self, path: str, timeout: float = 30.0) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+    def get(self, path: str, timeout: float = 30.0, authorization: str | None = None) -> tuple[int, bytes]:
+        if self.setup.context is not None:
+            conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                "127.0.0.1", self.port, timeout=timeout, context=self.setup.context)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        authorization = authorization or self.setup.authorization
+        headers = {"Authorization": authorization} if authorization else {}
         try:
-            conn.request("GET", path)
+            conn.request("GET", path, headers=headers)
             response = conn.getresponse()
             return response.status, response.read()
         finally:
@@ -130,12 +171,40 @@ class Agent:
             self.proc.wait()
 
 
-def timed_scrape(agent: Agent) -> float:
+def timed_scrape(agent: Agent, path: str = "/metrics") -> float:
     started = time.perf_counter()
-    status, body = agent.get("/metrics")
+    status, body = agent.get(path)
     if status != 200 or not body:
-        raise RuntimeError(f"normal scrape failed: {status}")
+        raise RuntimeError(f"normal {path} failed: {status}")
     return time.perf_counter() - started
+
+
+def make_setup(kind: str, tmp: Path) -> Setup:
+    """plain | ipv6 | tls | basic-auth-12 | basic-auth-14: the agent's port for an attack, made in `tmp`."""
+    if kind == "plain":
+        return Setup()
+    if kind == "ipv6":
+        return Setup(listen_host="::")
+    config = tmp / f"web-{kind}.yml"
+    if kind == "tls":
+        if not (tmp / "server.crt").exists():
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                            "-nodes", "-keyout", "server.key", "-out", "server.crt", "-days", "2", "-subj",
+                            "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1"],
+                           cwd=tmp, check=True, capture_output=True)
+        config.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
+        return Setup(web_config=config, context=ssl.create_default_context(cafile=str(tmp / "server.crt")))
+    import bcrypt
+
+    cost = int(kind.rsplit("-", 1)[1])
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(cost)).decode()
+    config.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n  second: '{hashed}'\n")
+    return Setup(web_config=config, authorization=basic("prometheus", "s3cret"),
+                 fresh_authorization=basic("second", "s3cret"))
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 # --- the attacks: each in its own process (the normal client's timing must not wait on its GIL) ------------------------------------------
@@ -266,8 +335,171 @@ def slow_readers(port: int, stop: Event, notes: dict) -> None:
         s.close()
 
 
+# --- issue 19's attackers: from another client address ------------------------------------------------------
+
+ATTACKER = "127.0.0.2"
+
+
+def attacker_connection(port: int, timeout: float = 30) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(ATTACKER, 0))
+
+
+def in_threads(n: int, target, seconds: float, stop: Event) -> None:
+    """Run target(i, until) in n threads until `seconds` have passed or `stop` is set."""
+    until = time.monotonic() + seconds
+    threads = [threading.Thread(target=target, args=(i, until), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads) and not stop.wait(0.2):
+        pass
+    for t in threads:
+        t.join(timeout=40)
+
+
+def _unique_accept(port: int, stop: Event, notes: dict, clients: int) -> None:
+    answered, errors = [0] * clients, [0]
+
+    def client(i: int, until: float) -> None:
+        conn = None
+        accept = f"text/plain;version=0.0.4;q=0.{i:03d},application/x-attacker-{i};q=0.1"
+        while time.monotonic() < until and not stop.is_set():
+            try:
+                conn = conn or attacker_connection(port)
+                conn.request("GET", "/metrics", headers={"Accept": accept})
+                conn.getresponse().read()
+                answered[i] += 1
+            except (OSError, http.client.HTTPException):
+                errors[0] += 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+
+    in_threads(clients, client, 15, stop)
+    notes["requests"] = f"{sum(answered):,} answered to {clients} clients, {errors[0]} errors"
+
+
+def unique_accept(port: int, stop: Event, notes: dict) -> None:
+    _unique_accept(port, stop, notes, 100)
+
+
+def unique_accept_250(port: int, stop: Event, notes: dict) -> None:
+    _unique_accept(port, stop, notes, 250)
+
+
+def pipelined(port: int, stop: Event, notes: dict) -> None:
+    burst = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 1000  # 34 KB
+    answers: list[int] = []
+    received = [0]
+
+    def one(i: int, until: float) -> None:
+        data = b""
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(ATTACKER, 0))
+            s.sendall(burst)
+            while chunk := s.recv(1 << 20):
+                data += chunk
+            s.close()
+        except OSError:
+            pass
+        answers.append(data.count(b"HTTP/1.1 200 OK\r\n"))
+        received[0] += len(data)
+
+    started, waves = time.monotonic(), 0
+    while time.monotonic() - started < 10 and not stop.is_set():
+        in_threads(20, one, 30, stop)
+        waves += 1
+        stop.wait(max(0.0, started + waves - time.monotonic()))
+    notes["answers"] = (f"{sum(answers):,} to {len(answers)} bursts of 1,000 (at most {max(answers, default=0)} "
+                        f"each), {received[0] / MIB:.1f} MiB in {waves} waves")
+
+
+def _auth_guess(port: int, stop: Event, notes: dict) -> None:
+    statuses: dict[int, int] = {}
+
+    def guesser(i: int, until: float) -> None:
+        conn, n = None, 0
+        while time.monotonic() < until and not stop.is_set():
+            n += 1
+            try:
+                conn = conn or attacker_connection(port)
+                conn.request("GET", "/metrics", headers={"Authorization": basic("prometheus", f"guess-{i}-{n}")})
+                response = conn.getresponse()
+                response.read()
+                statuses[response.status] = statuses.get(response.status, 0) + 1
+                if response.will_close:
+                    conn.close()
+                    conn = None
+            except (OSError, http.client.HTTPException):
+                statuses[0] = statuses.get(0, 0) + 1
+                if conn is not None:
+                    conn.close()
+                conn = None
+
+    in_threads(8, guesser, 20, stop)
+    notes["guesses"] = ", ".join(f"{k or 'error'}: {v:,}" for k, v in sorted(statuses.items()))
+
+
+def tls_handshakes(port: int, stop: Event, notes: dict) -> None:
+    stalled = [socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(ATTACKER, 0))
+               for _ in range(300)]
+    for s in stalled:  # a TLS record header and the start of a ClientHello, then nothing
+        s.sendall(bytes.fromhex("160301020001000200fc0303"))
+        s.setblocking(False)
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    done = [0]
+
+    def handshaker(i: int, until: float) -> None:
+        while time.monotonic() < until and not stop.is_set():
+            try:
+                raw = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(ATTACKER, 0))
+                context.wrap_socket(raw).close()
+                done[0] += 1
+            except OSError:
+                pass
+
+    in_threads(4, handshaker, 15, stop)
+    notes["handshakes"] = f"{done[0]:,} full, {sum(closed(s) for s in stalled)}/300 stalled closed by the agent"
+    for s in stalled:
+        s.close()
+
+
+def never_read_300(port: int, stop: Event, notes: dict) -> None:
+    socks = []
+    for _ in range(300):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.bind((ATTACKER, 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.setblocking(False)
+        socks.append(s)
+    stop.wait(15)
+    notes["closed_by_agent"] = f"{sum(closed(s) for s in socks)}/300 after 15 s"
+    for s in socks:
+        s.close()
+
+
+def ipv6_idle(port: int, stop: Event, notes: dict) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4096:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    socks = [socket.create_connection(("::1", port), timeout=10) for _ in range(2000)]
+    for s in socks:
+        s.setblocking(False)
+    stop.wait(15)
+    notes["closed_by_agent"] = f"{sum(closed(s) for s in socks)}/2000 after 15 s"
+    for s in socks:
+        s.close()
+
+
 ATTACKS = {"slowloris": slowloris, "big-headers": big_headers, "half-sent": half_sent,
-           "idle-connections": idle_connections, "slow-readers": slow_readers}
+           "idle-connections": idle_connections, "slow-readers": slow_readers,
+           "unique-accept": unique_accept, "unique-accept-250": unique_accept_250, "pipelined": pipelined,
+           "auth-guess": _auth_guess, "auth-guess-cost14": _auth_guess, "tls-handshakes": tls_handshakes,
+           "never-read-300": never_read_300, "ipv6-idle": ipv6_idle}
+SETUPS = {"auth-guess": "basic-auth-12", "auth-guess-cost14": "basic-auth-14", "tls-handshakes": "tls",
+          "ipv6-idle": "ipv6"}  # the others: plain
 
 
 def _attack_process(name: str, port: int, stop: Event, results: multiprocessing.Queue) -> None:
@@ -276,8 +508,8 @@ def _attack_process(name: str, port: int, stop: Event, results: multiprocessing.
     results.put(notes)
 
 
-def run_attack(name: str, tree: Path | None, idle_scrapes: int = 20) -> dict:
-    agent = Agent(tree)
+def run_attack(name: str, tree: Path | None, tmp: Path, idle_scrapes: int = 20) -> dict:
+    agent = Agent(tree, make_setup(SETUPS.get(name, "plain"), tmp))
     try:
         for _ in range(3):
             timed_scrape(agent)  # warm: the kernel log replayed, the first scrape's imports done
@@ -289,13 +521,20 @@ def run_attack(name: str, tree: Path | None, idle_scrapes: int = 20) -> dict:
         attacker = context.Process(target=_attack_process, args=(name, agent.port, stop, results), daemon=True)
         cpu_before, started = agent.cpu_seconds(), time.monotonic()
         attacker.start()
-        during, health, notes = [], set(), {}
+        during, health, health_times, notes = [], set(), [], {}
         while attacker.is_alive():
+            if agent.setup.fresh_authorization and "fresh_credential" not in notes and \
+                    time.monotonic() - started > 3:
+                fresh_started = time.perf_counter()
+                status = agent.get("/metrics", authorization=agent.setup.fresh_authorization)[0]
+                notes["fresh_credential"] = f"{status} in {(time.perf_counter() - fresh_started) * 1000:.0f} ms"
             peak["threads"] = max(peak["threads"], agent.status("Threads"))
             peak["fds"] = max(peak["fds"], agent.fds())
             try:
                 during.append(timed_scrape(agent))
+                started_health = time.perf_counter()
                 health.add(agent.get("/healthz")[0])
+                health_times.append(time.perf_counter() - started_health)
             except (OSError, RuntimeError) as exc:
                 during.append(float("inf"))
                 notes.setdefault("failed_scrapes", 0)
@@ -315,7 +554,8 @@ def run_attack(name: str, tree: Path | None, idle_scrapes: int = 20) -> dict:
             "idle_rss_mib": round(rss_idle / 1024, 1),
             "max_threads": peak["threads"],
             "max_fds": peak["fds"],
-            "healthz": "/".join(str(h) for h in sorted(health)) + f", after {after}",
+            "healthz": "/".join(str(h) for h in sorted(health)) + f", after {after}" + (
+                f", median {statistics.median(health_times) * 1000:.1f} ms" if health_times else ""),
             "idle_scrape_ms": round(statistics.median(idle) * 1000, 1),
             "attack_scrape_ms": round(statistics.median(during) * 1000, 1) if during else None,
             "attack_worst_ms": round(max(during) * 1000, 1) if during else None,
@@ -377,7 +617,7 @@ def main(argv: list[str]) -> int:
         for name in which:
             if name == "idle":
                 continue
-            row = run_attack(name, tree)
+            row = run_attack(name, tree, tmp)
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
         if rows:
