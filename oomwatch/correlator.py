@@ -311,6 +311,12 @@ class Correlator:
     def pending(self) -> bool:
         return self._open is not None or self._held is not None
 
+    @property
+    def listing(self) -> bool:
+        """A group kill's listing is being printed (its `Tasks in` line came, and kills after it)."""
+        b = self._open
+        return b is not None and b.group is not None and not b.group_inferred and len(b.kills) > 0
+
     def release_finished(self) -> list[Incident]:
         """Shutting down: hand out the finished incidents, keep the one still being printed."""
         if self._held is not None:

@@ -79,6 +79,10 @@ class Settings:
     kmsg_source: Optional[str]  # "kmsg" | "syslog": the live reader; None: a saved log, or no kernel log
     counting: bool  # a live kernel log is read: memory.events counts the kills its records do not describe
     quiet: float = 0.25  # seconds of a quiet log after which an incident still open is complete
+    # The same, while a group kill's listing is being printed: the kernel kills its members one by one (on a
+    # loaded or emulated node 0.1-0.2 s apart, plus the reader's own delays), and a listing taken as complete too
+    # early makes its next member look like the victim of a new kill.
+    quiet_listing: float = 1.0
     witness_wait: float = 0.0  # seconds a group kill waits for the proc connector's exits (0: no connector)
     persist: bool = False  # a state directory is kept
     skip_upto: Optional[int] = None  # an early reader read the ring from its start: records up to here are done
@@ -138,7 +142,7 @@ class Pipeline:
         """When a Tick is due (None: nothing is due until the next event)."""
         times = [self.witness.next_due(), self.store.next_expiry()]
         if self.correlator.pending:
-            times.append(self._last_record + self.settings.quiet)
+            times.append(self._last_record + self._quiet())
         if self.reconciler.pending():
             times.append(self.reconciler.settles_at())
         if self._dirty:
@@ -346,7 +350,7 @@ class Pipeline:
     def _advance(self, fx: Effects) -> None:
         """Whatever is due now: complete quiet incidents, publish, reconcile, move the cursor, save."""
         now, correlator = self._now, self.correlator
-        if correlator.pending and self._caught_up and now - self._last_record >= self.settings.quiet:
+        if correlator.pending and self._caught_up and now - self._last_record >= self._quiet():
             self.witness.add(correlator.flush(), now)  # quiet long enough: an incident still open is complete
         if self.witness.next_due() is not None:
             self._publish(self.witness.due(now), fx)
@@ -378,6 +382,9 @@ class Pipeline:
             fx.save = self.state()
             self._dirty = False
             self._saved_at = now
+
+    def _quiet(self) -> float:
+        return max(self.settings.quiet, self.settings.quiet_listing) if self.correlator.listing else self.settings.quiet
 
     def _publish(self, incidents: list[Incident], fx: Effects) -> None:
         for incident in incidents:
