@@ -392,6 +392,25 @@ def test_one_workload_that_cannot_be_written_never_fails_a_scrape(caplog) -> Non
         "ValueError('not a number')"]
 
 
+def test_labels_that_are_not_four_strings_never_fail_a_scrape(caplog) -> None:
+    """A bug upstream (a None name, a list) costs its own workload, not the scrape."""
+    good = ("ns", "good", "c", "")
+    store = Store(clock=lambda: 1000.0)
+    store.seen(good)
+    rows = [(good, _stats(1)), (("ns", None, "c", ""), _stats(2)), (["ns", "list", "c", ""], _stats(3))]
+    ours = OomwatchCollector(store, lambda: rows, _node)
+    with caplog.at_level(logging.WARNING, logger="oomwatch.sinks.collector"):
+        for _ in range(2):
+            text = ours.exposition().decode()
+            usage = [s for f in text_string_to_metric_families(text) if f.name == "oomwatch_memory_usage_bytes"
+                     for s in f.samples]
+            assert [s.labels["pod"] for s in usage] == ["good"]
+            assert "oomwatch_workloads_not_exported_total 2.0" in text
+            registry_text = reference_text(ours).decode()  # collect() leaves them out too, counted once
+            assert 'pod="good"' in registry_text and "oomwatch_workloads_not_exported_total 2.0" in registry_text
+    assert len([r for r in caplog.records if "not four strings" in r.getMessage()]) == 2
+
+
 def test_hostile_names_survive_a_save_and_restore(tmp_path: Path) -> None:
     """The state file (json) keeps every name as it was read, and a restored agent exports it the same way."""
     ours, rows, store = _hostile_collector([name for name in hostile_names() if len(name) < 4000])

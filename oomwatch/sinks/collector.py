@@ -270,6 +270,10 @@ FAMILIES: tuple[Family, ...] = (
 )
 
 
+def _labels_of(item: tuple[Labels, Any]) -> Labels:
+    return item[0]
+
+
 def _header(family: Family) -> str:
     escaped = family.help.replace("\\", r"\\").replace("\n", r"\n")
     return f"# HELP {family.name} {escaped}\n# TYPE {family.name} {family.type}\n"
@@ -361,6 +365,7 @@ class OomwatchCollector:
         self._key_texts = {f.name: _key_texts(f) for f in self.families if f.source != "node"}
         self._label_text: dict[Labels, _LabelText | _Unexportable] = {}
         self._scrapes = 0
+        self._malformed: set[str] = set()
         self.not_exported = 0  # workloads left out, each counted once while its labels stay
 
     # --- rows ----------------------------------------------------------------------------------------
@@ -396,8 +401,13 @@ class OomwatchCollector:
         be written, or whose exported labels repeat another's (two names that differ only in bytes that are
         not UTF-8 and their `\\xNN` spelling), is left out: Prometheus would keep one of two repeated series
         and count the other as an error."""
+        items = list(items)
+        try:
+            ordered = sorted(items, key=_labels_of)
+        except TypeError:  # a label set that is not four strings (a bug upstream): it is left out, not the scrape
+            ordered = sorted((item for item in items if self._four_strings(item[0])), key=_labels_of)
         rows = []
-        for labels, row in sorted(items, key=lambda item: item[0]):
+        for labels, row in ordered:
             if self._exported(labels):
                 text = self._labels(labels)
                 if text is not None:
@@ -413,6 +423,16 @@ class OomwatchCollector:
                     self._left_out(labels, text, f"its labels repeat those of {first!r}")
             rows = unique
         return rows
+
+    def _four_strings(self, labels: Any) -> bool:
+        if isinstance(labels, tuple) and len(labels) == 4 and all(isinstance(v, str) for v in labels):
+            return True
+        key = repr(labels)
+        if key not in self._malformed:  # logged and counted once
+            if len(self._malformed) < 1000:
+                self._malformed.add(key)
+            self._report(labels, "its labels are not four strings")
+        return False
 
     def _sections(self, snap: Snapshot) -> Iterator[tuple[Family, list[tuple[Labels, _LabelText, Any]]]]:
         """Each per-workload family with its rows: the store's counters, then the live cgroups, read once."""
