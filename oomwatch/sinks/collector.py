@@ -404,7 +404,7 @@ class OomwatchCollector:
         items = list(items)
         try:
             ordered = sorted(items, key=_labels_of)
-        except TypeError:  # a label set that is not four strings (a bug upstream): it is left out, not the scrape
+        except TypeError:  # labels that are not four strings (a bug upstream): left out, not the scrape
             ordered = sorted((item for item in items if self._four_strings(item[0])), key=_labels_of)
         rows = []
         for labels, row in ordered:
