@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from oomwatch.config import Config
 from oomwatch.events import StateSaved, Stop, Tick
-from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, scraped_workloads
+from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, node_layout, scraped_workloads
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
 from oomwatch.process import malloc_trimmed, nice_this_thread
 from oomwatch.sinks import EventsFileSink, LogSink, PodEventSink, Sink, StateFileSink
@@ -57,8 +57,9 @@ class Agent:
         self.kubelet_config = KubeletConfigWatch(config.kubelet_config, self.posture.single_process_oom_kill,
                                                  self.events.put)
         self.kernel_log = KernelLogSource(config.kmsg, self.events.put, factory=kmsg_factory, early_pump=early_pump)
+        self.layout = node_layout(config.kubelet_config)  # Kubernetes identities only below the kubelet's root
         names = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir),
-                                 self.pod_index)  # the bundles' names, read by the cgroup source
+                                 self.pod_index, layout=self.layout)  # the bundles' names, read by the source
         self.cgroups = CgroupSource(self.fs, names, self.events.put, stat_cache=self.stat_cache,
                                     on_kill=self.kernel_log.wake)
         self.state = StateFileSink(StateFile(config.state_dir)) if config.state_dir else None
@@ -222,8 +223,8 @@ def _pipeline(agent: Agent, boot_id: str, skip: Optional[int], extra: dict) -> P
                         kmsg_source=kernel_log.kind, counting=kernel_log.kind is not None,
                         quiet=config.quiet_seconds, witness_wait=0.5 if config.proc_connector else 0.0,
                         persist=agent.state is not None, skip_upto=skip, saved_log=kernel_log.saved)
-    return Pipeline(settings, agent.store, WorkloadResolver(RuntimeNames(read_files=False), agent.pod_index),
-                    now=agent.clock(), accounts=extra.get("accounts"),
+    resolver = WorkloadResolver(RuntimeNames(read_files=False), agent.pod_index, layout=agent.layout)
+    return Pipeline(settings, agent.store, resolver, now=agent.clock(), accounts=extra.get("accounts"),
                     single_process_oom_kill=agent.posture.single_process_oom_kill(),
                     state_error=agent.state.error if agent.state else None)
 

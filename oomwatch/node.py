@@ -19,6 +19,7 @@ from oomwatch.sources.cgroupfs import cat as cat_text
 from oomwatch.store import Labels
 from oomwatch.workloads import WorkloadResolver, scope_of
 from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
+from oomwatch.workloads.paths import CgroupLayout
 
 
 def cgroup_version_label(version: str) -> str:
@@ -61,6 +62,13 @@ def cgroup_root_problem(root: str, version: str) -> Optional[str]:
         return (f"the memory controller is not enabled at {root} (its cgroup.controllers lists "
                 f"{controllers.strip() or 'nothing'}): no workload's memory.events can be read")
     return None
+
+
+def node_layout(kubelet_config: str) -> CgroupLayout:
+    """Whose cgroups are whose on this node: the kubelet's cgroupRoot (its config; "/" without one) decides where
+    Kubernetes identities may come from (docs/contract.md, Identity)."""
+    policy = read_kubelet_config(kubelet_config)
+    return CgroupLayout(policy.cgroup_root if policy is not None else "/")
 
 
 def scraped_workloads(workloads: tuple[tuple[str, Labels, Workload], ...], cache, fs: CgroupFS,

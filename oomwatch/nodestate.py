@@ -8,12 +8,13 @@ pipeline's immutable snapshot.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from oomwatch.correlator import is_within, oom_group_ancestor
 from oomwatch.model import Workload
 from oomwatch.store import Labels
-from oomwatch.workloads import WorkloadResolver, kubepods_level
+from oomwatch.workloads import WorkloadResolver
+from oomwatch.workloads import kubepods_level as default_kubepods_level
 
 # A cgroup's hints: how far apart (kernel clock) its `oom`/`oom_kill` move and a kill may be to be taken as one.
 OOM_HINT_SECONDS = 10.0
@@ -25,9 +26,11 @@ _WATCHED = ("max", "oom", "oom_kill", "oom_group_kill")
 Moved = dict  # counter name → whether it moved
 
 
-def is_workload(path: str, workload: Workload, oom_group: Optional[int], limited: bool) -> bool:
+def is_workload(path: str, workload: Workload, oom_group: Optional[int], limited: bool,
+                kubepods_level: Callable[[str], Optional[str]] = default_kubepods_level) -> bool:
     """Which cgroups get their own series: Kubernetes containers and pods, Slurm steps, systemd services
-    and scopes, and any other cgroup with memory.oom.group=1 or a memory limit (`limited`: someone cared)."""
+    and scopes, and any other cgroup with memory.oom.group=1 or a memory limit (`limited`: someone cared).
+    `kubepods_level`: the node's (WorkloadResolver.kubepods_level: the kubelet's cgroup root)."""
     if workload.cgroup != path or workload.sandbox or kubepods_level(path) == "conmon":
         return False
     if workload.type in ("k8s-container", "k8s-pod", "slurm"):

@@ -40,7 +40,7 @@ from oomwatch.reconcile import Reconciler, counted_incident
 from oomwatch.model import Garbled, Incident, KmsgRecord, Lost, Skipped, Workload
 from oomwatch.store import Labels, Snapshot, Store
 from oomwatch.witness import SIGKILL, WitnessQueue
-from oomwatch.workloads import WorkloadResolver, scope_of
+from oomwatch.workloads import WorkloadResolver
 
 # State is written at most this often while incidents keep coming (and at once when the log goes quiet).
 SAVE_INTERVAL = 1.0
@@ -102,7 +102,8 @@ class Pipeline:
         self.node = NodeState(resolver)
         live = settings.kmsg_source is not None
         self.correlator = Correlator(boot_id=settings.boot_id, boot_time=settings.boot_time,
-                                     resolve_workload=resolver.resolve, scope_of=scope_of, explain=self._explain,
+                                     resolve_workload=resolver.resolve, scope_of=resolver.layout.scope_of,
+                                     explain=self._explain,
                                      view=self.node, detected_clock=lambda: self._now, live=live)
         self.witness = WitnessQueue(explain=self._explain, wait=settings.witness_wait if live else 0.0)
         self.reconciler = Reconciler(self._counted_incident)
@@ -275,7 +276,7 @@ class Pipeline:
     def _classify(self, path: str, oom_group: Optional[int], limited: bool, fx: Effects,
                   names_arrived: bool = False) -> None:
         workload = self.resolver.resolve(path)
-        if is_workload(path, workload, oom_group, limited):
+        if is_workload(path, workload, oom_group, limited, self.resolver.kubepods_level):
             self._set_labels(path, workload, fx)
         pod = workload.pod_cgroup
         if names_arrived and pod and self.node.is_workload(pod):
@@ -411,4 +412,4 @@ class Pipeline:
 
     def _counted_incident(self, **kw) -> Incident:
         return counted_incident(boot_id=self.settings.boot_id, detected_at=self._now, resolve=self.resolver.resolve,
-                                scope_of=scope_of, explain=self._explain, **kw)
+                                scope_of=self.resolver.layout.scope_of, explain=self._explain, **kw)

@@ -63,3 +63,22 @@ def test_a_saved_log_that_is_not_a_kernel_log_is_unhealthy(tmp_path: Path, name:
     ok, why = source.health()
     assert not ok
     assert str(path) in why or name in why, why
+
+
+def test_the_agent_takes_kubernetes_identities_only_below_the_kubelets_cgroup_root(tmp_path: Path) -> None:
+    """Issue 19, item 2, wired: the layout the agent builds from the kubelet's config (cgroupRoot) is the one its
+    pipeline and cgroup source resolve with, so a kubepods tree planted in a user's delegated subtree is `other`."""
+    from oomwatch.node import node_layout
+    from oomwatch.workloads import WorkloadResolver
+
+    config = tmp_path / "config.yaml"
+    config.write_text("apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+                      "cgroupRoot: /kubelet.slice\n")
+    resolver = WorkloadResolver(layout=node_layout(str(config)))
+    uid, cid = "0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f", "4f2a9c1e7b3d5a6c8e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d"
+    real = resolver.resolve(f"/kubelet.slice/kubepods/burstable/pod{uid}/{cid}")
+    assert real.type == "k8s-container"
+    for forged in (f"/kubepods/burstable/pod{uid}/{cid}",
+                   f"/user.slice/user-1000.slice/user@1000.service/kubepods/burstable/pod{uid}/{cid}"):
+        assert resolver.resolve(forged).type != "k8s-container", forged
+    assert node_layout(str(tmp_path / "absent.yaml")).kubelet_cgroup_root == "/"

@@ -21,7 +21,7 @@ from oomwatch.events import (
 )
 from oomwatch.parse.cgroup import parse_limit
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc, cat
-from oomwatch.workloads import WorkloadResolver, identify
+from oomwatch.workloads import WorkloadResolver
 
 # A cgroup's pid list is re-read at most this often while it sits at its limit.
 PID_SNAPSHOT_INTERVAL = 0.2
@@ -85,7 +85,7 @@ class CgroupSource:
     def _names(self, path: str):
         names = self.resolver.container_appeared(path)
         if names is None and self.resolver.runtime_names is not None:
-            workload = identify(path)
+            workload = self.resolver.identify(path)
             if workload.type == "k8s-pod" and workload.pod_uid and workload.cgroup == path:
                 names = self.resolver.runtime_names.lookup(None, workload.pod_uid)  # the pod's log directory
         return names
