@@ -611,8 +611,11 @@ def test_hostile_cgroup_names_through_the_pipeline_and_a_restart(tmp_path: Path)
     state = tmp_path / "state.json"
     with open(state, "w") as f:
         write_json(f, replay.pipeline.state())
-    restarted = Replay.restarted(json.loads(state.read_text()), settings, now=DETECTED_AT,
-                                 single_process_oom_kill=posture.single_process_oom_kill())
+    saved = json.loads(state.read_text())
+    store = Store()
+    store.load_state(saved)  # as the agent starts: the store and the reconciler's accounts from the file
+    restarted = Replay(settings, now=DETECTED_AT, store=store, accounts=saved["accounts"],
+                       single_process_oom_kill=posture.single_process_oom_kill())
     restarted.run(tree_events(tree))  # the cgroups it finds at start; the log was read before
     assert restarted.metrics(config) == body
 
