@@ -4,6 +4,8 @@ pod's or Slurm job's, and the docs/contract.md `scope` rules."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from oomwatch.model import Incident, KilledProcess
@@ -19,7 +21,8 @@ from oomwatch.workloads import (
     pod_cgroup_of,
     scope_of,
 )
-from oomwatch.workloads.paths import kubepods_roots, normalize
+from oomwatch.parse.kmsg import unescape
+from oomwatch.workloads.paths import as_logged, kubepods_roots, normalize
 from oomwatch.workloads.runtime import ContainerNames
 
 UID = "0b0c6e1a-7d2f-4c4e-9a1b-3f5e8d2c7a41"
@@ -397,3 +400,27 @@ CONTAINER = f"{SD_BURST_POD}/cri-containerd-{CID}.scope"
 )
 def test_scope_of(victim, oom, constraint, scope):
     assert scope_of(victim, oom, constraint) == scope
+
+
+def _kernel_escaped(raw: bytes) -> bytes:
+    """How /dev/kmsg writes a record's text (docs/kernel-facts.md): bytes < 0x20, >= 0x7f and `\\` as
+    `\\xNN`."""
+    return b"".join(b"\\x%02x" % b if b < 0x20 or b >= 0x7F or b == 0x5C else bytes([b]) for b in raw)
+
+
+@pytest.mark.parametrize("piece", [bytes([b]) for b in range(256) if b != 0x2F]
+                         + [b"\xc3\xbc", b"\xe2\x82", b"\xed\xa0\x80", b"\xf0\x9f\x98\x80", b"\\xff",
+                            b"\xff" * 255])
+def test_a_name_from_the_tree_spelt_as_the_kernel_log_spells_it(piece):
+    """The cgroup tree gives names with surrogate escapes (os.scandir), the kernel log `\\xNN` escapes that
+    oomwatch.parse.kmsg.unescape undoes as far as UTF-8 allows: as_logged makes the first the second, for
+    every byte in every position, so one cgroup is one workload whichever source named it."""
+    for name in (piece, b"x" + piece + b"y.service", b"x.service" + piece):
+        from_tree = os.fsdecode(b"/user.slice/" + name)
+        from_log = unescape(_kernel_escaped(b"/user.slice/" + name))
+        if piece == b"\\xff":  # the four characters `\xff` spelt out: the one name two cgroups can share
+            assert as_logged(from_tree) == from_log == as_logged(os.fsdecode(b"/user.slice/" + name.replace(
+                b"\\xff", b"\xff")))
+            continue
+        assert as_logged(from_tree) == from_log
+        assert as_logged(from_tree).encode("utf-8")  # always valid UTF-8

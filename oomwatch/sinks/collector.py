@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence
@@ -29,6 +28,7 @@ from oomwatch import __version__
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
 from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, SCOPES, Labels, Snapshot, WorkloadCounters
+from oomwatch.workloads.paths import as_logged
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -61,25 +61,13 @@ class NodeInfo:
 
 # --- label values --------------------------------------------------------------------------------------
 
-# Lone surrogates: what Python's surrogate escapes (os.fsdecode, os.scandir) make of bytes that are not UTF-8.
-_NOT_UTF8 = re.compile("[\ud800-\udfff]")
-
-
-def _byte_escapes(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    if 0xDC80 <= code <= 0xDCFF:  # one byte 0x80-0xff kept by surrogateescape
-        return f"\\x{code - 0xDC00:02x}"
-    return "".join(f"\\x{b:02x}" for b in match.group().encode("utf-8", "surrogatepass"))
-
-
 def label_value(value: str) -> str:
     """A name as a label value the text format can carry: it must be UTF-8, and a cgroup name may hold any
     byte but `/`. Bytes that are not UTF-8 (read with surrogate escapes) are written `\\xNN`, as the kernel
-    log writes them (docs/contract.md "Metrics"); every other character, control characters included, stays
-    as it is and the exposition escapes only what the format says (`\\`, `"`, newline)."""
-    if value.isascii():
-        return value
-    return _NOT_UTF8.sub(_byte_escapes, value)
+    log writes them (oomwatch.workloads.paths.as_logged; docs/contract.md "Metrics"); every other character,
+    control characters included, stays as it is and the exposition escapes only what the format says (`\\`,
+    `"`, newline)."""
+    return value if value.isascii() else as_logged(value)
 
 
 def escape_label_value(value: str) -> str:
