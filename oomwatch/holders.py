@@ -1,0 +1,234 @@
+"""What held the memory at an OOM kill (issue 21), from what the report printed (oomwatch/parse/memstat.py):
+the breakdown by kind, the largest processes and pools of same-named processes, and a verdict with what to
+change. Pure: values in, values out. Unknown is None, never guessed.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Optional, Sequence, Union
+
+from oomwatch.parse.memstat import MemoryStat, NodeMemInfo, TaskRow
+
+BREAKDOWN_KEYS = (
+    "anon_bytes", "file_bytes", "file_dirty_bytes", "file_writeback_bytes", "shmem_bytes", "kernel_bytes",
+    "sock_bytes", "unevictable_bytes",
+)
+VERDICTS = ("shmem", "process", "pool", "file", "unevictable", "kernel", "sock", "unknown")
+TOP_HOLDERS = 5  # the issue's "five largest": enough to name the culprit, short enough for an Event
+
+# A part that holds at least half of the limit is what filled it: every other part together held less. The
+# same share makes one process, or one pool of same-named processes, the cause.
+DOMINANT_SHARE = 0.5
+# A pool is at least two processes of one comm (forked workers keep their parent's name, or set their own).
+POOL_MIN_PROCESSES = 2
+
+# cgroup v2 memory.stat keys the kernel sums into its own `kernel` key (5.18+); older kernels print only the
+# parts, and whichever of them is printed is summed.
+_SUMMED = ("anon_bytes", "file_bytes", "shmem_bytes", "kernel_bytes", "sock_bytes")  # disjoint parts
+_V2_KERNEL_PARTS = ("kernel_stack", "pagetables", "sec_pagetables", "percpu", "slab", "vmalloc")
+
+
+def _v2(values: Mapping[str, int]) -> dict[str, Optional[int]]:
+    shmem = values.get("shmem")
+    file = values.get("file")
+    kernel = values.get("kernel")
+    if kernel is None:
+        parts = dict(values)
+        if "slab" not in parts and ("slab_reclaimable" in parts or "slab_unreclaimable" in parts):
+            parts["slab"] = parts.get("slab_reclaimable", 0) + parts.get("slab_unreclaimable", 0)
+        present = [parts[k] for k in _V2_KERNEL_PARTS if k in parts]
+        kernel = sum(present) if present else None
+    return {
+        "anon_bytes": values.get("anon"),  # v2 anon excludes shmem (memory.stat's own split)
+        # v2 `file` includes tmpfs/shmem pages (Documentation/admin-guide/cgroup-v2.rst): take them out so the
+        # parts add up and a tmpfs is not reported as page cache
+        "file_bytes": file - shmem if file is not None and shmem is not None and file >= shmem else None,
+        "file_dirty_bytes": values.get("file_dirty"),
+        "file_writeback_bytes": values.get("file_writeback"),
+        "shmem_bytes": shmem,
+        "kernel_bytes": kernel,
+        "sock_bytes": values.get("sock"),
+        "unevictable_bytes": values.get("unevictable"),
+    }
+
+
+def _v1(values: Mapping[str, int]) -> dict[str, Optional[int]]:
+    shmem = values.get("shmem")
+    cache = values.get("cache")
+    return {
+        "anon_bytes": values.get("rss"),  # v1 rss: anonymous memory (and swap cache)
+        # v1 `cache` holds tmpfs pages too; without a `shmem` key (3.10 prints none) the split is unknown
+        "file_bytes": cache - shmem if cache is not None and shmem is not None and cache >= shmem else None,
+        "file_dirty_bytes": values.get("dirty"),
+        "file_writeback_bytes": values.get("writeback"),
+        "shmem_bytes": shmem,
+        "kernel_bytes": None,  # v1's OOM report prints no kernel memory
+        "sock_bytes": None,
+        "unevictable_bytes": values.get("unevictable"),
+    }
+
+
+def _meminfo(pages: Mapping[str, int], page_size: Optional[int]) -> dict[str, Optional[int]]:
+    def size(*keys: str) -> Optional[int]:
+        if page_size is None or any(k not in pages for k in keys):
+            return None
+        return sum(pages[k] for k in keys) * page_size
+
+    anon_lru, shmem = size("active_anon", "inactive_anon"), size("shmem")
+    slab = size("slab_reclaimable", "slab_unreclaimable")
+    tables = size("pagetables")
+    return {
+        # tmpfs pages sit on the anon LRU (they are swap-backed): take them out of anon
+        "anon_bytes": anon_lru - shmem if anon_lru is not None and shmem is not None and anon_lru >= shmem
+        else None,
+        "file_bytes": size("active_file", "inactive_file"),
+        "file_dirty_bytes": size("dirty"),
+        "file_writeback_bytes": size("writeback"),
+        "shmem_bytes": shmem,
+        # kernel stacks are printed per node in kB, not here: slab and page tables only
+        "kernel_bytes": slab + tables if slab is not None and tables is not None else None,
+        "sock_bytes": None,
+        "unevictable_bytes": size("unevictable"),
+    }
+
+
+def breakdown(stats: Union[MemoryStat, NodeMemInfo, None], page_size: Optional[int] = None
+              ) -> Optional[dict[str, Optional[int]]]:
+    """The issue's memory_breakdown byte fields (BREAKDOWN_KEYS) from a memcg's stats block or a global
+    OOM's node counters (which are pages: `page_size` is needed for them, else they are all None); None when
+    there is nothing. `file_bytes` is page cache without tmpfs/shmem (the kernel's `file` minus `shmem`);
+    `kernel_bytes` is the kernel's `kernel` key, else the sum of kernel_stack, pagetables, sec_pagetables,
+    percpu, slab, vmalloc as printed; on a node: slab + page tables. The caller adds `source` and
+    `age_seconds`."""
+    if isinstance(stats, MemoryStat):
+        return _v1(stats.values) if stats.dialect == "v1" else _v2(stats.values)
+    if isinstance(stats, NodeMemInfo):
+        return _meminfo(stats.pages, page_size)
+    return None
+
+
+def _row_bytes(row: TaskRow, page_size: int) -> dict[str, Optional[int]]:
+    def b(pages: Optional[int]) -> Optional[int]:
+        return None if pages is None else pages * page_size
+
+    return {"rss_bytes": b(row.rss_pages), "anon_bytes": b(row.rss_anon_pages),
+            "file_bytes": b(row.rss_file_pages), "shmem_bytes": b(row.rss_shmem_pages)}
+
+
+def _share(value: Optional[int], limit_bytes: Optional[int]) -> Optional[float]:
+    return None if value is None or not limit_bytes else round(value / limit_bytes, 4)
+
+
+def top_holders(rows: Iterable[TaskRow], page_size: int, killed_pids: Iterable[int] = (),
+                limit_bytes: Optional[int] = None, count: int = TOP_HOLDERS) -> list[dict]:
+    """The `count` largest tasks by rss, largest first (ties: lower pid first): pid, comm, rss_bytes,
+    anon_bytes/file_bytes/shmem_bytes (None where the kernel does not split rss), limit_share (rss over the
+    limit, None when unknown) and killed."""
+    killed = set(killed_pids)
+    ranked = sorted(rows, key=lambda r: (-r.rss_pages, r.pid))[:count]
+    return [
+        {"pid": r.pid, "comm": r.name, **_row_bytes(r, page_size),
+         "limit_share": _share(r.rss_pages * page_size, limit_bytes), "killed": r.pid in killed}
+        for r in ranked
+    ]
+
+
+def pools(rows: Iterable[TaskRow], page_size: int, killed_pids: Iterable[int] = (),
+          limit_bytes: Optional[int] = None) -> list[dict]:
+    """Tasks that share a comm (POOL_MIN_PROCESSES or more), summed, largest first: comm, processes,
+    rss_bytes (the sum of their rss: pages they share, such as a forked parent's, count once in each), the
+    split sums where the kernel splits rss, limit_share, killed (how many of them were killed)."""
+    killed = set(killed_pids)
+    by_comm: dict[str, list[TaskRow]] = {}
+    for r in rows:
+        by_comm.setdefault(r.name, []).append(r)
+    out = []
+    for comm, members in by_comm.items():
+        if len(members) < POOL_MIN_PROCESSES:
+            continue
+        sums: dict[str, Optional[int]] = {}
+        for key in ("rss_bytes", "anon_bytes", "file_bytes", "shmem_bytes"):
+            parts = [_row_bytes(m, page_size)[key] for m in members]
+            sums[key] = None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
+        out.append({"comm": comm, "processes": len(members), **sums,
+                    "limit_share": _share(sums["rss_bytes"], limit_bytes),
+                    "killed": sum(1 for m in members if m.pid in killed)})
+    out.sort(key=lambda p: (-(p["rss_bytes"] or 0), p["comm"]))
+    return out
+
+
+def human_bytes(n: int) -> str:
+    """1.5 GiB, 160 MiB, 900 KiB: one decimal below 10, none above (what a sentence needs)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            v = n / size
+            return f"{v:.1f} {unit}" if v < 10 else f"{v:.0f} {unit}"
+    return f"{n} B"
+
+
+def _of(limit_bytes: Optional[int]) -> str:
+    return f" of the {human_bytes(limit_bytes)} limit" if limit_bytes else ""
+
+
+def verdict(parts: Optional[Mapping[str, Optional[int]]], holders: Sequence[Mapping],
+            pools_: Sequence[Mapping] = (), limit_bytes: Optional[int] = None,
+            tmpfs_volumes: Sequence[str] = ()) -> tuple[str, str]:
+    """(verdict, sentence): which kind of memory, process or pool filled the limit, and what to change.
+
+    Checked in this order, each at DOMINANT_SHARE of the limit (or, with no limit known, of the breakdown's
+    total, else of the tasks' rss): shmem, unevictable, kernel, sock, file (the kinds a process's rss does not
+    explain, or that stay after it dies), then the largest process, then the largest pool. `tmpfs_volumes`:
+    names of the Kubernetes volumes behind the cgroup's tmpfs mounts, where the caller knows them."""
+    parts = parts or {}
+    whole = limit_bytes
+    if not whole:
+        known = [parts.get(k) for k in _SUMMED]
+        whole = sum(v for v in known if v) or sum(h.get("rss_bytes") or 0 for h in holders) or None
+    if not whole or (not any(parts.values()) and not holders):
+        return "unknown", ("what held the memory is not in the log (the report's stats and task table were "
+                           "lost)")
+
+    def dominant(key: str) -> Optional[int]:
+        v = parts.get(key)
+        return v if v is not None and v >= DOMINANT_SHARE * whole else None
+
+    of = _of(limit_bytes)
+    if (v := dominant("shmem_bytes")) is not None:
+        where = "tmpfs or /dev/shm" + (f" ({', '.join(tmpfs_volumes)})" if tmpfs_volumes else "")
+        return "shmem", (f"{where} held {human_bytes(v)}{of}; tmpfs pages stay charged after a restart, so "
+                         "the container will be killed again until its files are deleted; set the emptyDir's "
+                         "sizeLimit, or count it in the limit")
+    if (v := dominant("unevictable_bytes")) is not None:
+        return "unevictable", (f"unevictable (locked or pinned) pages held {human_bytes(v)}{of}; the kernel "
+                               "cannot reclaim them (mlock, pinned host memory of GPU frameworks): pin less, "
+                               "or count the pinned memory in the limit")
+    if (v := dominant("kernel_bytes")) is not None:
+        return "kernel", (f"kernel memory (slab, stacks, page tables) held {human_bytes(v)}{of}; it is "
+                          "charged for what the processes asked of the kernel (many files, sockets, "
+                          "processes or threads): find what they create in numbers, or raise the limit")
+    if (v := dominant("sock_bytes")) is not None:
+        return "sock", (f"socket buffers held {human_bytes(v)}{of}; peers did not read or the application "
+                        "did not drain its sockets fast enough: bound the buffers, or raise the limit")
+    if (v := dominant("file_bytes")) is not None:
+        dirty = (parts.get("file_dirty_bytes") or 0) + (parts.get("file_writeback_bytes") or 0)
+        detail = f" ({human_bytes(dirty)} dirty or under writeback)" if dirty else ""
+        return "file", (f"page cache held {human_bytes(v)}{of}{detail}; pages being written could not be "
+                        "reclaimed in time: write with less buffered data (fsync as you go, lower "
+                        "vm.dirty_bytes) or raise the limit")
+    top = holders[0] if holders else None
+    if top and (top.get("rss_bytes") or 0) >= DOMINANT_SHARE * whole:
+        killed = ", and was killed" if top.get("killed") else ""
+        # rss counts the file pages a process maps (its binary, libraries) that may be charged elsewhere
+        over = limit_bytes and top["rss_bytes"] > limit_bytes
+        shared = " (its rss counts shared file pages)" if over else ""
+        return "process", (f"{top['comm']} (pid {top['pid']}) held {human_bytes(top['rss_bytes'])}{of}"
+                           f"{shared}{killed}; reduce what it holds, or raise the limit")
+    pool = pools_[0] if pools_ else None
+    if pool and (pool.get("rss_bytes") or 0) >= DOMINANT_SHARE * whole:
+        over = limit_bytes and pool["rss_bytes"] > limit_bytes
+        shared = " (pages they share count in each)" if over else ""
+        return "pool", (f"{pool['processes']} × {pool['comm']} held {human_bytes(pool['rss_bytes'])}{of}"
+                        f"{shared}; together they filled it: fewer workers, less memory per worker, or a "
+                        "larger limit")
+    return "unknown", ("no one kind of memory, process or pool of processes held half of the limit"
+                       if limit_bytes else "no one kind of memory, process or pool held half of the memory")

@@ -1,0 +1,339 @@
+"""What the OOM report says held the memory (issue 21), as typed values: the `Memory cgroup stats for` block,
+the task table, and a global OOM's `Mem-Info:` node counters. Pure: text in, values out; every function
+returns None for text that is not its line and never raises.
+
+What the kernel prints (mm/memcontrol.c, mm/oom_kill.c, mm/show_mem.c; real captures in fixtures/kmsg/):
+- `Memory cgroup stats for <cgroup>:` then the cgroup's memory.stat. From 5.3 (mem_cgroup_print_oom_meminfo
+  calls memory_stat_format) it is the cgroup v2 memory.stat, in bytes, whichever hierarchy the host mounts:
+  6.1 prints it as ONE record with newlines inside (`\\x0a` in /dev/kmsg, several lines in dmesg); 6.12 prints
+  one record per line (seq_buf_do_printk). Before 5.3 a cgroup v1 kernel printed the v1 keys on the header's
+  own line as ` cache:32KB rss:524188KB …`: each value is K(pages), i.e. kB, and says so with its `KB`
+  suffix. A bare number in a v1 block is bytes: newer kernels on v1 hosts print the v1 memory.stat file's
+  own format (memcg1_stat_format, bytes), and a pasted `cat memory.stat` of cgroup v1 is bytes too.
+- `Tasks state (memory values in pages):`, a column header, one row per task. The header names the columns:
+  3.10 `… rss nr_ptes swapents …`, 4.15+ `… rss pgtables_bytes swapents …`, Debian's 6.12 (captured;
+  6.1 has no split) `… rss rss_anon rss_file rss_shmem pgtables_bytes …`. Rows are read by the header they follow.
+- `Mem-Info:` then `active_anon:N inactive_anon:N …` in pages (one record with `\\x0a` on 6.1, continuation
+  lines in dmesg).
+"""
+
+from __future__ import annotations
+
+import re
+from types import MappingProxyType
+from typing import Iterable, Iterator, Mapping, NamedTuple, Optional
+
+KIB = 1024
+# A real memory.stat has under 100 keys (6.12: 76); a block claiming more is not the kernel's. Values are u64.
+MAX_STAT_KEYS = 256
+_U64_DIGITS = 20
+_U64_MAX = (1 << 64) - 1
+
+_STATS_HEAD = "Memory cgroup stats for "
+_TASKS_HEAD = "Tasks state (memory values in pages):"
+_MEMINFO_HEAD = "Mem-Info:"
+_STAT_LINE = re.compile(r"([a-z][a-z0-9_]{0,63}) (\d{1,20})")
+_V1_PAIR = re.compile(r"([a-z][a-z0-9_]{0,63}):(\d{1,20})(KB|kB)?")
+_MEMINFO_PAIR = re.compile(r"([a-z][a-z0-9_()]{0,63}):(\d{1,20})")
+# Columns every known task table header has, in the kernel's order; the name is always last.
+_ROW_HEAD = re.compile(r"\[ *(\d{1,10})\]")
+# A name that starts with a number and a space is the table's next column: comms that look like that are not
+# worth a row read in the wrong shape.
+_NUMBER_FIRST = re.compile(r"-?\d+\s")
+_TASK_COLUMNS_KNOWN = frozenset(
+    ("uid", "tgid", "total_vm", "rss", "rss_anon", "rss_file", "rss_shmem", "nr_ptes", "pgtables_bytes",
+     "swapents", "oom_score_adj", "name")
+)
+
+
+class MemcgStatsHeader(NamedTuple):
+    cgroup: str
+    # the stats printed on the header's own line (cgroup v1 kernels before 5.3), else None: the block follows
+    inline: Optional["MemoryStat"]
+
+
+class MemoryStat(NamedTuple):
+    """A memory.stat block. `values` are bytes whatever the kernel printed (kB values are multiplied out);
+    `dialect` is "v2" (anon/file/… keys) or "v1" (cache/rss/… keys); `printed_unit` is "bytes" or "kB"."""
+
+    values: Mapping[str, int]
+    dialect: str
+    printed_unit: str
+
+
+class TaskTableHeader(NamedTuple):
+    """The column names of a task table, in order, without the leading `pid` (e.g. 6.12's has rss_anon)."""
+
+    columns: tuple[str, ...]
+
+    @property
+    def splits_rss(self) -> bool:
+        return "rss_anon" in self.columns
+
+
+class TaskRow(NamedTuple):
+    """One task of the table. Memory columns are pages as printed (pgtables_bytes is bytes); a column the
+    kernel did not print is None (rss_* before 6.8, pgtables_bytes on 3.10 which prints nr_ptes)."""
+
+    pid: int
+    uid: int
+    tgid: int
+    total_vm_pages: int
+    rss_pages: int
+    rss_anon_pages: Optional[int]
+    rss_file_pages: Optional[int]
+    rss_shmem_pages: Optional[int]
+    pgtables_bytes: Optional[int]
+    nr_ptes: Optional[int]
+    swapents_pages: int
+    oom_score_adj: int
+    name: str
+
+
+class NodeMemInfo(NamedTuple):
+    """A global OOM's `Mem-Info:` counters, in pages as printed (active_anon, inactive_file, shmem…)."""
+
+    pages: Mapping[str, int]
+
+
+def parse_memcg_stats_header(text: str) -> Optional[MemcgStatsHeader]:
+    """`Memory cgroup stats for /a:` (the block follows) or, before 5.3, `… for /a: cache:32KB rss:…`."""
+    if not text.startswith(_STATS_HEAD):
+        return None
+    rest = text[len(_STATS_HEAD):].rstrip()
+    if rest.endswith(":"):
+        cgroup, inline_text = rest[:-1], ""
+    else:
+        cgroup, sep, inline_text = rest.partition(": ")
+        if not sep:
+            return None
+    if not cgroup.startswith("/") or "\n" in cgroup or len(cgroup) > 4096:
+        return None
+    inline = None
+    if inline_text.strip():
+        inline = parse_memory_stat_block(inline_text)
+        if inline is None:
+            return None
+    return MemcgStatsHeader(cgroup, inline)
+
+
+def parse_memory_stat_line(text: str) -> Optional[tuple[str, int]]:
+    """One `key value` line of a v2 block (6.12 prints each as its own record): (key, bytes)."""
+    m = _STAT_LINE.fullmatch(text.strip())
+    if not m or int(m[2]) > _U64_MAX:
+        return None
+    return m[1], int(m[2])
+
+
+def parse_memory_stat_block(text: str) -> Optional[MemoryStat]:
+    """A whole block: `key value` lines (v2 keys in bytes, or a v1 file's keys in bytes), or v1's
+    `key:NKB key:NKB` on one line (kB). None when any part is not such a pair, or for no pairs at all."""
+    values: dict[str, int] = {}
+    unit = "bytes"
+    lines = text.split("\n", MAX_STAT_KEYS + 1)
+    if len(lines) > MAX_STAT_KEYS + 1:
+        return None
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        pair = parse_memory_stat_line(line)
+        if pair is not None:
+            values[pair[0]] = pair[1]
+            continue
+        tokens = line.split(None, MAX_STAT_KEYS + 1)
+        if len(tokens) > MAX_STAT_KEYS:
+            return None
+        for token in tokens:
+            m = _V1_PAIR.fullmatch(token)
+            if not m:
+                return None
+            value = int(m[2])
+            if m[3]:
+                value, unit = value * KIB, "kB"
+            if value > _U64_MAX:
+                return None
+            values[m[1]] = value
+        if len(values) > MAX_STAT_KEYS:
+            return None
+    if not values:
+        return None
+    dialect = "v1" if ("cache" in values or "rss" in values) and "anon" not in values else "v2"
+    return MemoryStat(MappingProxyType(values), dialect, unit)
+
+
+def parse_task_table_header(text: str) -> Optional[TaskTableHeader]:
+    """The column header `[  pid  ]   uid  tgid total_vm      rss … name` (3.10's says `[ pid ]`)."""
+    s = text.strip()
+    if not s.startswith("[") or "]" not in s[:12]:
+        return None
+    if s[1:s.index("]")].strip() != "pid":
+        return None
+    columns = tuple(s[s.index("]") + 1:].split())
+    if not columns or columns[-1] != "name" or "rss" not in columns or len(columns) > 16:
+        return None
+    if not set(columns) <= _TASK_COLUMNS_KNOWN or len(set(columns)) != len(columns):
+        return None
+    return TaskTableHeader(columns)
+
+
+def parse_task_row(text: str, header: TaskTableHeader) -> Optional[TaskRow]:
+    """One row `[    118]     0   118    54933    16454   200704        0             0 python3`, read by
+    the columns of `header` (the table's own header line). The name is the rest of the line: a comm may hold
+    spaces, but one that starts with a number and a space is taken for a column the header does not have
+    (a row of another table's shape). None when the numbers do not fit the header."""
+    s = text.strip()
+    m = _ROW_HEAD.match(s)
+    if not m:
+        return None
+    numeric = header.columns[:-1]
+    parts = s[m.end():].split(None, len(numeric))
+    if len(parts) != len(numeric) + 1:
+        return None
+    values: dict[str, int] = {}
+    for column, word in zip(numeric, parts):
+        try:
+            value = int(word)
+        except ValueError:
+            return None
+        if len(word) > _U64_DIGITS + 1 or (value < 0 and column != "oom_score_adj"):
+            return None
+        values[column] = value
+    if not -1000 <= values.get("oom_score_adj", 0) <= 1000:
+        return None
+    if _NUMBER_FIRST.match(parts[-1]):
+        return None  # more numbers than the header has columns: a row of another table's shape
+    try:
+        return TaskRow(
+            pid=int(m[1]), uid=values["uid"], tgid=values["tgid"], total_vm_pages=values["total_vm"],
+            rss_pages=values["rss"], rss_anon_pages=values.get("rss_anon"),
+            rss_file_pages=values.get("rss_file"), rss_shmem_pages=values.get("rss_shmem"),
+            pgtables_bytes=values.get("pgtables_bytes"), nr_ptes=values.get("nr_ptes"),
+            swapents_pages=values["swapents"], oom_score_adj=values["oom_score_adj"], name=parts[-1],
+        )
+    except KeyError:  # a header without one of the columns every kernel prints
+        return None
+
+
+def is_task_table_title(text: str) -> bool:
+    return text.strip() == _TASKS_HEAD
+
+
+def is_meminfo_title(text: str) -> bool:
+    return text.strip() == _MEMINFO_HEAD
+
+
+def parse_node_meminfo(text: str) -> Optional[NodeMemInfo]:
+    """The counters after `Mem-Info:`: `active_anon:6 inactive_anon:106728 isolated_anon:0` and the lines
+    that continue it (one record with newlines, or one line of them), in pages. None unless its first key is
+    active_anon (the first the kernel prints), or for any word that is not `key:N`."""
+    s = text.strip()
+    if not s.startswith("active_anon:"):
+        return None
+    pages: dict[str, int] = {}
+    for word in s.split(None, MAX_STAT_KEYS + 1):
+        m = _MEMINFO_PAIR.fullmatch(word)
+        if not m or len(pages) >= MAX_STAT_KEYS:
+            return None
+        pages[m[1]] = int(m[2])
+    return NodeMemInfo(MappingProxyType(pages))
+
+
+def parse_meminfo_continuation(text: str) -> Optional[NodeMemInfo]:
+    """A line that continues the node counters (` active_file:4 inactive_file:2 isolated_file:0` in dmesg
+    text, where each line of the record is its own line): pages."""
+    words = text.split(None, MAX_STAT_KEYS + 1)
+    if not words or len(words) > MAX_STAT_KEYS:
+        return None
+    pages = {}
+    for word in words:
+        m = _MEMINFO_PAIR.fullmatch(word)
+        if not m:
+            return None
+        pages[m[1]] = int(m[2])
+    return NodeMemInfo(MappingProxyType(pages))
+
+
+class OomMemoryReport(NamedTuple):
+    """What one OOM report printed about memory: the memcg's stats (None for a global OOM or when lost to the
+    ratelimit or a wrapped ring), the node counters of a global OOM, and the task table."""
+
+    cgroup: Optional[str]
+    stats: Optional[MemoryStat]
+    meminfo: Optional[NodeMemInfo]
+    task_header: Optional[TaskTableHeader]
+    tasks: tuple[TaskRow, ...]
+
+
+def memory_reports(texts: Iterable[str]) -> Iterator[OomMemoryReport]:
+    """The memory parts of each OOM report in a run of message texts (records' text, in order). A report
+    starts at `Memory cgroup stats for`, `Mem-Info:` or a task table (its title, or the column header alone:
+    3.10 prints no title) that follows no other part, and ends with its task table or at the next report.
+    Lines of other kinds between the parts (the node's zone lines, `memory: usage`) are skipped."""
+    state = _ReportState()
+    for text in texts:
+        head = parse_memcg_stats_header(text) if text.startswith(_STATS_HEAD) else None
+        if head is not None:
+            if state.section == "stats" and state.inline is not None:
+                continue  # v1 kernels before 5.3 print a line per cgroup below the OOM one: keep the first
+            if state.started:
+                yield state.report()
+            state = _ReportState(started=True, cgroup=head.cgroup, inline=head.inline, section="stats")
+            continue
+        if is_meminfo_title(text):
+            if state.started:
+                yield state.report()
+            state = _ReportState(started=True, section="meminfo")
+            continue
+        if state.section == "stats":
+            block = parse_memory_stat_block(text)
+            if block is not None and block.dialect == "v2":
+                state.stat_values.update(block.values)
+                continue
+        elif state.section == "meminfo":
+            info = parse_node_meminfo(text) if not state.meminfo else parse_meminfo_continuation(text)
+            if info is not None:
+                state.meminfo.update(info.pages)
+                continue
+        elif state.section == "tasks" and state.header is not None:
+            row = parse_task_row(text, state.header)
+            if row is not None:
+                state.rows.append(row)
+                continue
+            yield state.report()
+            state = _ReportState()
+        if is_task_table_title(text) or text.lstrip().startswith("["):
+            header = parse_task_table_header(text) if not is_task_table_title(text) else None
+            if is_task_table_title(text) or header is not None:
+                if state.header is not None or state.rows:
+                    yield state.report()
+                    state = _ReportState()
+                state.started = True
+                state.section = "tasks" if header is not None else "tasks-title"
+                state.header = header
+                continue
+        if state.section == "tasks-title":
+            state.header = parse_task_table_header(text)
+            state.section = "tasks" if state.header is not None else ""
+            continue
+        if state.section in ("stats", "meminfo"):
+            state.section = ""
+    if state.started:
+        yield state.report()
+
+
+class _ReportState:
+    def __init__(self, started: bool = False, cgroup: Optional[str] = None,
+                 inline: Optional[MemoryStat] = None, section: str = ""):
+        self.started, self.cgroup, self.inline, self.section = started, cgroup, inline, section
+        self.stat_values: dict[str, int] = {}
+        self.meminfo: dict[str, int] = {}
+        self.header: Optional[TaskTableHeader] = None
+        self.rows: list[TaskRow] = []
+
+    def report(self) -> OomMemoryReport:
+        stats = self.inline
+        if stats is None and self.stat_values:
+            stats = MemoryStat(MappingProxyType(dict(self.stat_values)), "v2", "bytes")
+        meminfo = NodeMemInfo(MappingProxyType(dict(self.meminfo))) if self.meminfo else None
+        return OomMemoryReport(self.cgroup, stats, meminfo, self.header, tuple(self.rows))
