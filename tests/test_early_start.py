@@ -49,7 +49,7 @@ def started_pump(kmsg: SeqpacketKmsg) -> KernelLogPump:
     reader = kmsg.factory("/dev/kmsg")
     reader.open()
     reader.prefilter = True
-    pump = KernelLogPump(reader, notify=lambda: None)
+    pump = KernelLogPump(reader)  # holds what it reads until the agent adopts it
     pump.start()
     return pump
 
