@@ -478,6 +478,9 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
     if shown.in_log and times_unknown:
         notes.append("this log carries no wall-clock times: each kill is shown by its time since its boot; pass "
                      "--boot-time (when that boot began) to see dates.")
+    if shown.in_log and times_unknown and since is not None:
+        notes.append("--since was compared with times counted from this host's boot (the log carries no dates, "
+                     "and its boot is not known): pass --boot-time for a filter by date.")
     years = ((report["kmsg"] or {}).get("text") or {}).get("guessed_years")
     if years:
         notes.append(f"this log's dates carry no year: {'/'.join(map(str, years))} was assumed (the latest year in "

@@ -98,3 +98,11 @@ def test_a_report_cut_before_its_kill_line_is_a_warning_not_silence() -> None:
     assert result.exit_code == 0 and "0 OOM reports found" in " ".join(result.stdout.split())
     assert "1 line of an OOM report (`invoked oom-killer`, `oom-kill:`) is in the log, but no kill line follows" \
         in result.stderr
+
+
+def test_since_on_a_log_without_dates_says_what_it_compared(tmp_path: Path) -> None:
+    out = " ".join(inspect_cli("--kmsg", str(GROUP_419), "--since", "1d").stdout.split())
+    assert "--since was compared with times counted from this host's boot" in out
+    dated = " ".join(inspect_cli("--kmsg", str(GROUP_419), "--since", "1d", "--boot-time",
+                                 "2026-01-01T00:00:00Z").stdout.split())
+    assert "--since was compared" not in dated
