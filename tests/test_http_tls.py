@@ -325,3 +325,30 @@ def test_the_agent_serves_its_metrics_over_mtls_with_its_web_config(tmp_path: Pa
         assert status == 200 and b"oomwatch_build_info" in body
         assert https_get(agent.http, "/metrics", client_context(pki))[0] == 403
         assert https_get(agent.http, "/healthz", client_context(pki))[0] == 200
+
+
+def test_a_client_starting_handshakes_too_fast_is_closed_before_its_handshake(pki: Path) -> None:
+    """8,660 full handshakes in 15 s from one client took half a core of the agent: each client has
+    tls_handshakes_per_client (here 2 a second after a burst of 4); beyond, its connection is closed unread."""
+    from oomwatch.sinks.httpserver import Limits
+
+    path = pki / "web-config.yml"
+    path.write_text(TLS)
+    web, tls = load_web_config(str(path))
+    sink = HttpSink("127.0.0.1:0", lambda accept: ("text/plain; version=0.0.4; charset=utf-8", [BODY]), Store(),
+                    lambda: (True, {}), web=web, tls=tls, limits=Limits(tls_handshakes_per_client=2))
+    sink.start()
+    try:
+        context = client_context(pki)
+        done = 0
+        for _ in range(10):
+            raw = socket.create_connection(sink.address, timeout=5, source_address=("127.0.0.2", 0))
+            try:
+                context.wrap_socket(raw, server_hostname="127.0.0.1").close()
+                done += 1
+            except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+                raw.close()
+        assert 4 <= done <= 6  # its burst, and what its rate gave it meanwhile
+        assert https_get(sink, "/healthz", context)[0] == 200  # another client
+    finally:
+        sink.stop()

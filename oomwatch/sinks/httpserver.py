@@ -9,6 +9,8 @@ wakes about twice a second. What Prometheus needs is GET, keep-alive and streami
 woken while idle.
 
 What a client can make this server do, at most:
+- with TLS, start at most `tls_handshakes_per_client` handshakes a second (after a burst of twice as many):
+  a new connection beyond is closed before its handshake costs any CPU.
 - hold `max_connections` sockets, each with at most `max_header_bytes` of unparsed request. At the cap a new
   connection replaces one of the client that holds the most connections (a client is an IPv4 address or an
   IPv6 /64): the one of them that has waited longest without a complete request, else its oldest. A flood
@@ -74,6 +76,7 @@ class Limits:
     max_pipelined: int = 16  # requests answered from one burst before the client reads (Prometheus sends 1)
     max_checks_waiting: int = 64  # clients waiting for a password check
     check_cpu_share: float = 0.25  # of one core, at most, for checks: after one of c CPU seconds, c × 3 without
+    tls_handshakes_per_client: float = 20.0  # a second, after a burst of twice as many: beyond, closed unread
 
 
 DEFAULT_LIMITS = Limits()
@@ -158,6 +161,26 @@ def client_key(address: Any) -> str:
             return str(ip.ipv4_mapped)
         return str(ipaddress.IPv6Network((ip, 64), strict=False))
     return str(ip)
+
+
+class PerClientRate:
+    """A token bucket per client: `admit(client)` at most `per_second` times a second after a burst of `burst`.
+    The least recently seen of more than `max_clients` clients is forgotten (it starts afresh if it returns)."""
+
+    def __init__(self, per_second: float, burst: float, clock: Callable[[], float] = time.monotonic,
+                 max_clients: int = 4096) -> None:
+        self.per_second, self.burst, self._clock, self._max = per_second, burst, clock, max_clients
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client → (tokens, when)
+
+    def admit(self, client: str) -> bool:
+        now = self._clock()
+        tokens, at = self._buckets.pop(client, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.per_second)
+        allowed = tokens >= 1
+        self._buckets[client] = (tokens - 1 if allowed else tokens, now)
+        while len(self._buckets) > self._max:
+            self._buckets.popitem(last=False)
+        return allowed
 
 
 class Throttled:
@@ -338,6 +361,7 @@ class HttpServer:
             queue.SimpleQueue()
         self._checker: Optional[threading.Thread] = None
         self._throttled = Throttled()
+        self._handshakes = PerClientRate(limits.tls_handshakes_per_client, 2 * limits.tls_handshakes_per_client)
         self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
         self._worker = threading.Thread(target=self._scrape_worker, name="http-scrape", daemon=True)
 
@@ -431,6 +455,13 @@ class HttpServer:
                 self._pause_accepting()
                 return
             now = time.monotonic()
+            client = client_key(_addr)
+            if self._tls is not None and not self._handshakes.admit(client):
+                self._throttled.log("handshakes", logging.WARNING, "http: client %s starts more than %g TLS "
+                                    "handshakes a second: connection closed", client,
+                                    self.limits.tls_handshakes_per_client)
+                sock.close()
+                continue
             if len(self._conns) >= self.limits.max_connections:
                 self._evict_one()
             sock.setblocking(False)
@@ -441,7 +472,7 @@ class HttpServer:
                 except (OSError, ValueError):
                     sock.close()
                     continue
-            conn = _Conn(sock, self._tls is not None, now, self.limits.header_timeout, client_key(_addr))
+            conn = _Conn(sock, self._tls is not None, now, self.limits.header_timeout, client)
             self._conns.add(conn)
             self._held_by[conn.client] = self._held_by.get(conn.client, 0) + 1
             self._interest(conn, selectors.EVENT_READ)

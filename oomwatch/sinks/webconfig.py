@@ -42,6 +42,8 @@ from typing import Any, Callable, Mapping, Optional
 
 import yaml
 
+from oomwatch.sinks.httpserver import PerClientRate
+
 log = logging.getLogger(__name__)
 
 
@@ -269,9 +271,7 @@ class BasicAuth:
     def __init__(self, users: Mapping[str, bytes], per_client_per_second: float = 1.0, burst: float = 4.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._users = dict(users)
-        self._rate, self._burst = per_client_per_second, burst
-        self._clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client → (tokens, when)
+        self._admitted = PerClientRate(per_client_per_second, burst, clock)
         self._passed: OrderedDict[bytes, None] = OrderedDict()  # SHA-256 of credentials that passed
         self._lock = threading.Lock()  # _passed: read on the server's loop, written on its check thread
         self._dummy: Optional[bytes] = None  # checked for unknown users, so timing does not reveal names
@@ -295,14 +295,7 @@ class BasicAuth:
 
     def admit(self, client: str) -> bool:
         """Whether `client` may have new credentials checked now (spends one of its tokens)."""
-        now = self._clock()
-        tokens, at = self._buckets.pop(client, (self._burst, now))
-        tokens = min(self._burst, tokens + (now - at) * self._rate)
-        allowed = tokens >= 1
-        self._buckets[client] = (tokens - 1 if allowed else tokens, now)
-        while len(self._buckets) > 4096:  # the least recently seen client starts afresh if it returns
-            self._buckets.popitem(last=False)
-        return allowed
+        return self._admitted.admit(client)
 
     def verify(self, authorization: str) -> bool:
         """The bcrypt check (on the server's check thread); remembers the credentials when they pass."""
