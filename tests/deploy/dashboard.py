@@ -7,7 +7,7 @@
 
 Template variables are substituted in every form Grafana accepts (`$name`, `${name}`,
 `${name:format}`, `[[name]]`). Grafana's built-in `$__rate_interval`, `$__interval` and `$__range`
-(plus `_s`/`_ms`) get defaults that `variables` can override. A variable that neither `variables`
+(plus `_s`/`_ms`), and the mixin's `$cluster` ("All"), get defaults that `variables` can override. A variable that neither `variables`
 nor the defaults define raises KeyError, so a query cannot silently keep a `$`.
 """
 
@@ -19,6 +19,8 @@ from os import PathLike
 from typing import Any, Iterator
 
 BUILTINS: dict[str, str] = {
+    # The mixin's cluster variable (mixin/config.libsonnet) is hidden unless showMultiCluster: always "All".
+    "cluster": ".*",
     "__rate_interval": "5m",
     "__interval": "1m",
     "__interval_ms": "60000",

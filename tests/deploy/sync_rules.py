@@ -1,6 +1,7 @@
 """Keep the alert rules in one place.
 
-deploy/prometheus/oomwatch-rules.yaml is the source. This writes the same groups into the Kustomize
+mixin/ is the source, rendered to deploy/prometheus/oomwatch-rules.yaml by scripts/generate-mixin, which
+uses these functions for the two copies. This writes the same groups into the Kustomize
 PrometheusRule (daemonset/prometheusrule.yaml) and the Helm chart's copy
 (charts/oomwatch/files/oomwatch-rules.yaml, read with .Files.Get, so Helm never templates the
 alerts' {{ $labels }}). tests/deploy/test_rules.py fails when they drift:
@@ -18,8 +19,8 @@ KUSTOMIZE_RULE = ROOT / "daemonset/prometheusrule.yaml"
 CHART_RULES = ROOT / "charts/oomwatch/files/oomwatch-rules.yaml"
 
 _HEADER = """\
-# GENERATED from deploy/prometheus/oomwatch-rules.yaml by tests/deploy/sync_rules.py: edit that file
-# and re-run `.venv/bin/python tests/deploy/sync_rules.py`.
+# GENERATED from mixin/ by scripts/generate-mixin (through deploy/prometheus/oomwatch-rules.yaml): edit
+# mixin/alerts/alerts.libsonnet or mixin/rules/rules.libsonnet and re-run `scripts/generate-mixin`.
 """
 
 _PROMETHEUS_RULE = """\
