@@ -28,6 +28,7 @@ from oomwatch.sources.kmsg import (
     NotAKernelLog,
     kernel_log_kind,
     read_saved_log,
+    saved_log_chunks,
     saved_log_verdict,
 )
 from tests.conftest import BOOT_TIME, CAPTURES
@@ -321,3 +322,16 @@ def test_a_pipe_named_by_its_descriptor_is_waited_on_a_fifo_after_its_first_byte
     records = list(read_saved_log(str(fifo), stats=stats, idle_timeout=0.2))
     writer.join()
     assert stats.records == len(records) == 11
+
+
+def test_a_dev_kmsg_that_is_another_device_says_to_use_syslog(monkeypatch) -> None:
+    """kind and k3d nodes make /dev/kmsg a link to /dev/console: it must not be read as the kernel log, and the
+    refusal names the way out."""
+    real_open = os.open
+
+    def open_console_as_kmsg(path, *args, **kwargs):
+        return real_open("/dev/null" if path == "/dev/kmsg" else path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", open_console_as_kmsg)
+    with pytest.raises(NotAKernelLog, match="/dev/kmsg is a character device .*use --kmsg syslog"):
+        list(saved_log_chunks("/dev/kmsg"))

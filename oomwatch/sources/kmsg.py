@@ -278,6 +278,8 @@ def saved_log_chunks(source: Union[str, BinaryIO], idle_timeout: float = FIFO_ID
         st = os.fstat(fd)
         refused = _what_it_is(st.st_mode, st.st_rdev)
         if refused is not None:
+            if source == "/dev/kmsg":  # kind and k3d nodes link it to /dev/console
+                refused += "; this /dev/kmsg is a stand-in (a container's?): use --kmsg syslog to read the kernel log"
             raise NotAKernelLog(f"{source} {refused}")
         fifo = stat.S_ISFIFO(st.st_mode)
         yield from _chunks_of_fd(fd, source, fifo, idle_timeout if fifo and _named_fifo(fd) else None)
