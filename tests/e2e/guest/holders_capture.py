@@ -13,6 +13,13 @@ Scenarios (plain cgroups, no runtime: the kernel's report is what is captured):
   shm     a filler writes 96 MiB into a tmpfs (as /dev/shm is) and exits; then an app allocates 64 MiB in the
           same 128 MiB cgroup: the tmpfs pages stay charged, the app is killed.
   single  one process allocates 200 MiB in a 64 MiB cgroup (the 6.1 capture's scenario a).
+  locked  a process locks 64 MiB (mlockall), then another allocates in the same 96 MiB cgroup: unevictable
+          pages fill the limit (pinned host memory on GPU nodes is the same to the kernel).
+  writer  dd rewrites a 200 MiB file on ext4 (on a brd ramdisk, whose own pages no cgroup is charged for)
+          while an app allocates in the same 128 MiB cgroup. What it showed (a RAM disk writes back at once):
+          the file pages are reclaimed as fast as they are written, 172 KiB remain at the kill.
+Run with --only to pick some: fixtures/kmsg/linux-6.12-holders.kmsg ran pool,shm,single and
+linux-6.12-holders-locked-writer.kmsg ran locked,writer.
 
 memory.stat is polled every POLL_S while a scenario runs, and the last reading taken while memory.events still
 showed no oom_kill is kept: the reaper frees the victim's anonymous memory right after the kill, so a reading
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -56,6 +64,19 @@ for pid in pids:
 
 SHM_FILLER = "dd if=/dev/zero of={path} bs=1M count=96 2>/dev/null; sync"
 APP = "import time; held = [bytearray(1 << 20) for _ in range({mib})]; time.sleep(60)"
+# grows by 1 MiB every 20 ms, so that the writer keeps writing while memory fills
+SLOW_APP = ("import time\nheld = []\nfor _ in range({mib}):\n"
+            "    held.append(bytearray(1 << 20)); time.sleep(0.02)")
+LOCKER = r"""
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.mlockall(3) != 0:  # MCL_CURRENT | MCL_FUTURE
+    raise SystemExit(f"mlockall: errno {ctypes.get_errno()}")
+held = [bytearray(1 << 20) for _ in range(64)]
+open("/run/holders-locked", "w").close()
+time.sleep(60)
+"""
+WRITER = "while :; do dd if=/dev/zero of={path} bs=1M count=200 conv=notrunc 2>/dev/null; done"
 
 
 def w(path: str, value) -> None:
@@ -147,6 +168,44 @@ def scenario_single() -> tuple[str, StatWatch]:
     return cg, watch
 
 
+def scenario_locked() -> tuple[str, StatWatch]:
+    cg = setup("locked", 96, 0)
+    locker = spawn(cg, [sys.executable, "-c", LOCKER])
+    deadline = time.monotonic() + 60
+    while not os.path.exists("/run/holders-locked") and time.monotonic() < deadline and locker.poll() is None:
+        time.sleep(0.1)
+    watch = StatWatch(cg)
+    app = spawn(cg, [sys.executable, "-c", APP.format(mib=200)])
+    watch.finish(120)
+    for p in (app, locker):
+        if p.poll() is None:
+            p.kill()
+        p.wait(60)
+    return cg, watch
+
+
+def scenario_writer() -> tuple[str, StatWatch]:
+    cg = setup("writer", 128, 0)
+    subprocess.run(["modprobe", "brd", "rd_nr=1", "rd_size=307200"], check=True)  # 300 MiB, in KiB
+    subprocess.run(["mkfs.ext4", "-q", "-F", "/dev/ram0"], check=True)
+    os.makedirs("/run/holders-disk", exist_ok=True)
+    subprocess.run(["mount", "-t", "ext4", "/dev/ram0", "/run/holders-disk"], check=True)
+    writer = subprocess.Popen(["sh", "-c", WRITER.format(path="/run/holders-disk/big")],
+                              start_new_session=True, preexec_fn=lambda: w(f"{cg}/cgroup.procs", os.getpid()))
+    time.sleep(3)  # the file is being written before the app starts
+    watch = StatWatch(cg)
+    app = spawn(cg, [sys.executable, "-c", SLOW_APP.format(mib=200)])
+    watch.finish(120)
+    app.wait(60)
+    os.killpg(writer.pid, signal.SIGKILL)  # the loop and its dd
+    writer.wait(60)
+    return cg, watch
+
+
+SCENARIOS = {"pool": scenario_pool, "shm": scenario_shm, "single": scenario_single, "locked": scenario_locked,
+             "writer": scenario_writer}
+
+
 def dump_kmsg(path: str) -> None:
     fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
     with open(path, "wb") as out:
@@ -164,11 +223,13 @@ def dump_kmsg(path: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="pool,shm,single",
+                    help="scenarios, comma-separated: " + ",".join(SCENARIOS))
     a = ap.parse_args()
     w(f"{CG}/cgroup.subtree_control", "+memory")
     w("/proc/sys/vm/oom_dump_tasks", 1)
     events, stats = [], []
-    for run in (scenario_pool, scenario_shm, scenario_single):
+    for run in (SCENARIOS[name] for name in a.only.split(",")):
         cg, watch = run()
         time.sleep(1)
         name = cg[len(CG) + 1:]
