@@ -824,3 +824,27 @@ def test_a_turn_sends_a_client_one_share_of_its_bandwidth(connections: int, expe
         server.stop()
         ours.close()
         theirs.close()
+
+
+def test_scrapes_take_at_most_their_share_of_a_core() -> None:
+    """Scrapes of 0.1 s of CPU asked for back to back, with scrape_cpu_share 0.5: each starts at least 0.1 s
+    after the previous one ended, however many clients ask (100 clients scraping back to back kept a core
+    busy)."""
+    runs: list[tuple[float, float]] = []
+
+    def metrics(accept: str):
+        def chunks():
+            started, cpu = time.monotonic(), time.thread_time()
+            while time.thread_time() - cpu < 0.1:
+                pass
+            runs.append((started, time.monotonic()))
+            yield BODY
+
+        return "text/plain; version=0.0.4; charset=utf-8", chunks()
+
+    with serving(metrics, Limits(scrape_cpu_share=0.5)) as sink:
+        for _ in range(3):
+            assert get(sink) == (200, BODY)
+    assert len(runs) == 3
+    for (_, ended), (started, _) in zip(runs, runs[1:]):
+        assert started - ended >= 0.1 - 0.01, runs

@@ -23,7 +23,9 @@ What a client can make this server do, at most:
 - have at most `max_pipelined` requests answered from what it sent before reading an answer (pipelining):
   beyond, the connection is closed. Buffered requests are answered from the loop, one per connection per turn,
   never by recursion.
-- start at most one scrape at a time. Requests that want the same scrape (same key: the route makes keys from
+- start at most one scrape at a time, and scrapes that take at most `scrape_cpu_share` of a core in all (the
+  next starts no sooner than the last one's CPU time allows), so a flood of scrapers cannot take the CPU
+  that the agent's kernel-log reading needs. Requests that want the same scrape (same key: the route makes keys from
   a small set, never from a raw header) while it runs share it (single flight); a request whose client has
   gone before its scrape starts costs nothing. At most `max_bodies` finished scrape bodies stay in memory for
   slow readers; the slowest are dropped beyond.
@@ -76,6 +78,7 @@ class Limits:
     max_pipelined: int = 16  # requests answered from one burst before the client reads (Prometheus sends 1)
     max_checks_waiting: int = 64  # clients waiting for a password check
     check_cpu_share: float = 0.25  # of one core, at most, for checks: after one of c CPU seconds, c × 3 without
+    scrape_cpu_share: float = 0.5  # of one core, at most, for scrapes: after one of c CPU seconds, c without
     tls_handshakes_per_client: float = 20.0  # a second, after a burst of twice as many: beyond, closed unread
 
 
@@ -253,12 +256,13 @@ class _Flight:
     each chunk once all of them have it, so a streamed body does not pile up in memory."""
 
     __slots__ = ("key", "content_type", "chunks", "base", "done", "error", "conns", "abandoned", "started",
-                 "overdue")
+                 "overdue", "cpu")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.started = 0.0  # when the worker was given it (monotonic)
         self.overdue = False  # still running after write_timeout: counted as failed once
+        self.cpu = 0.0  # CPU seconds the worker spent on it (set when done)
         self.content_type: Optional[str] = None
         self.chunks: list[bytes] = []  # the worker appends; the loop deletes from the front
         self.base = 0  # how many chunks were dropped from the front (a connection's chunk index is absolute)
@@ -349,6 +353,7 @@ class HttpServer:
         self.failed_scrapes = 0  # the producer raised, or ran past write_timeout
         self.last_scrape_error: Optional[str] = None
         self.last_scrape_failed = False
+        self._scrape_next_at = 0.0  # (monotonic) no scrape starts before: scrape_cpu_share
         self._held: set[_Conn] = set()  # connections waiting for a held response (Response.hold)
         self._held_by: dict[str, int] = {}  # client → how many connections it holds
         self._ready: deque[_Conn] = deque()  # responses done: the next (pipelined) request is looked at from here
@@ -417,6 +422,8 @@ class HttpServer:
                 deadlines.append(running.started + self.limits.write_timeout)
             if self._checks_waiting and self._check_running is None:
                 deadlines.append(self._check_next_at)
+            if self._pending and running is None:
+                deadlines.append(self._scrape_next_at)
             deadlines.extend(c.release_at for c in self._held)
             timeout = max(0.0, min(deadlines) - now) if deadlines else None  # None: block until an event
             for key, mask in self._sel.select(0 if self._ready else timeout):
@@ -434,6 +441,7 @@ class HttpServer:
                     self._guarded(self._read, conn)
             self._expire(time.monotonic())
             self._guarded(self._next_check)  # one waiting for its turn on the CPU
+            self._guarded(self._start_pending)  # likewise
 
     def _guarded(self, call: Callable[..., None], *args: Any) -> None:
         try:
@@ -751,14 +759,11 @@ class HttpServer:
         else:
             flight = self._pending.get(scrape.key)
             if flight is None:
-                flight = _Flight(scrape.key)
-                if running is None:
-                    self._start(flight)
-                else:
-                    self._pending[scrape.key] = flight
+                flight = self._pending[scrape.key] = _Flight(scrape.key)
         conn.flight, conn.extra_headers, conn.state = flight, scrape.headers, "waiting"
         flight.conns.add(conn)
         self._interest(conn, selectors.EVENT_READ)  # to notice a client that leaves while it waits
+        self._start_pending()
         if flight is self._running:
             self._advance(conn)
 
@@ -836,6 +841,7 @@ class HttpServer:
                 self._advance(conn)
         if done:
             self._running = None
+            self._scrape_next_at = time.monotonic() + flight.cpu * (1 / self.limits.scrape_cpu_share - 1)
             self._scrape_ended(flight)
             if flight.conns:
                 self._finished.append(flight)
@@ -843,12 +849,16 @@ class HttpServer:
                     for slow in list(self._finished.popleft().conns):
                         log.debug("http: dropping a client too slow to read its scrape")
                         self._close(slow)
-            while self._pending:
-                key = next(iter(self._pending))
-                nxt = self._pending.pop(key)
-                if nxt.conns:
-                    self._start(nxt)
-                    break
+            self._start_pending()
+
+    def _start_pending(self) -> None:
+        """Start the scrape that waited longest, when none runs and scrape_cpu_share allows."""
+        if self._running is not None or not self._pending or time.monotonic() < self._scrape_next_at:
+            return  # (the loop's select wakes at _scrape_next_at)
+        while self._pending:
+            nxt = self._pending.pop(next(iter(self._pending)))
+            if nxt.conns:
+                return self._start(nxt)
 
     def _scrape_worker(self) -> None:
         name_os_thread("oomwatch-scrape")
@@ -856,6 +866,7 @@ class HttpServer:
             flight = self._work.get()  # blocks without a timeout: no wakeups while idle
             if flight is None:
                 return
+            cpu = time.thread_time()
             try:
                 content_type, body = self._producer(flight.key)
                 flight.content_type = content_type
@@ -867,6 +878,7 @@ class HttpServer:
                         self._wake()
             except Exception as exc:  # reported to the waiting clients as a 500; counted and logged by the loop
                 flight.error = exc
+            flight.cpu = time.thread_time() - cpu
             flight.done = True
             self._wake()
 
