@@ -275,3 +275,17 @@ def test_runbook_example_names_a_runbook_that_exists() -> None:
     text = (CHART / "values.yaml").read_text()
     (example,) = [line for line in text.splitlines() if "-> runbook_url:" in line]
     assert (ROOT / example.split("/blob/v0.1.0/")[1]).is_file(), example
+
+
+# --- kubectl oomwatch ------------------------------------------------------------------------
+
+
+def test_kubectl_plugin_finds_the_charts_agent_pods() -> None:
+    """`kubectl oomwatch why` lists agent pods by AGENT_SELECTOR: the chart's pods carry it (and the test pod
+    does not)."""
+    from oomwatch.kubectl import AGENT_SELECTOR
+
+    objects = render()
+    wanted = dict(term.split("=") for term in AGENT_SELECTOR.split(","))
+    assert wanted.items() <= one(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"].items()
+    assert not wanted.items() <= hook_pod(objects)["metadata"]["labels"].items()
