@@ -28,12 +28,10 @@ CAPTURE = ROOT / "fixtures" / "kmsg" / "linux-6.1-runc-group-pidns.kmsg"
 EM_AARCH64 = 183  # ELF e_machine (elf.h)
 
 
-HOST_ARCH = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
-                           check=True).stdout.strip()
-
-
 def image(arch: str) -> tuple[Path, dict[str, Any]]:
-    default = ROOT / ".cache" / ("image" if arch == HOST_ARCH else f"image-{arch}")
+    host_arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
+                               check=True).stdout.strip()
+    default = ROOT / ".cache" / ("image" if arch == host_arch else f"image-{arch}")
     path = Path(os.environ.get(f"OOMWATCH_{arch.upper()}_IMAGE_DIR") or default)
     meta = path / "image.json"
     if not meta.exists():
