@@ -317,6 +317,26 @@ class Correlator:
         b = self._open
         return b is not None and b.group is not None and not b.group_inferred and len(b.kills) > 0
 
+    def unpublished_lines(self) -> dict[str, int]:
+        """`Killed process` lines per cgroup (as memory.events oom_kill counts them) of the incidents not handed
+        out yet: the one being printed and the one held back. Lines of a process whose cgroup is not known are
+        left out."""
+        lines: dict[str, int] = {}
+        b = self._open
+        if b is not None:
+            for kill in b.kills:
+                cgroup = kill.cgroup or b.group
+                if cgroup:
+                    lines[cgroup] = lines.get(cgroup, 0) + 1
+            victim = b.kills[0].cgroup if b.kills else None
+            if victim and b.reprints:
+                lines[victim] = lines.get(victim, 0) + b.reprints
+        if self._held is not None:
+            for cgroup, n in self._held.kill_lines:
+                if cgroup:
+                    lines[cgroup] = lines.get(cgroup, 0) + n
+        return lines
+
     def release_finished(self) -> list[Incident]:
         """Shutting down: hand out the finished incidents, keep the one still being printed."""
         if self._held is not None:

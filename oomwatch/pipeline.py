@@ -140,12 +140,15 @@ class Pipeline:
         return fx
 
     def next_deadline(self) -> Optional[float]:
-        """When a Tick is due (None: nothing is due until the next event)."""
+        """When a Tick is due (None: nothing is due until the next event). Never a time a Tick would leave due:
+        what only a new event can move (a read of the kernel log) offers no deadline, or the loop would spin."""
         times = [self.witness.next_due(), self.store.next_expiry()]
-        if self.correlator.pending:
+        if self.correlator.pending and self._caught_up:  # (still reading: the next batch moves it)
             times.append(self._last_record + self._quiet())
         if self.reconciler.pending():
-            times.append(self.reconciler.settles_at())
+            settles_at = self.reconciler.settles_at()
+            if settles_at is not None and settles_at > self._now:  # (past it: waits for the log's next read)
+                times.append(settles_at)
         if self._dirty:
             times.append(self._saved_at + SAVE_INTERVAL)
         return min((t for t in times if t is not None), default=None)
@@ -385,7 +388,17 @@ class Pipeline:
             self._saved_at = now
 
     def _quiet(self) -> float:
-        return max(self.settings.quiet, self.settings.quiet_listing) if self.correlator.listing else self.settings.quiet
+        """How long the log must be quiet before what is being printed is taken as complete: longer while a group
+        listing is open, or while memory.events has counted kills in its cgroups whose lines have not come (the
+        counters move before the kernel prints each line, and the log's reader can lag behind them)."""
+        settings = self.settings
+        if self.correlator.listing or self._lines_owed():
+            return max(settings.quiet, settings.quiet_listing)
+        return settings.quiet
+
+    def _lines_owed(self) -> bool:
+        unaccounted = self.reconciler.unaccounted_kills
+        return any(unaccounted(cgroup) > lines for cgroup, lines in self.correlator.unpublished_lines().items())
 
     def _publish(self, incidents: list[Incident], fx: Effects) -> None:
         for incident in incidents:

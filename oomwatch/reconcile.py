@@ -154,6 +154,11 @@ class Reconciler:
 
     # --- output ------------------------------------------------------------------------------------
 
+    def unaccounted_kills(self, path: str) -> int:
+        """`oom_kill` the kernel counted in `path` that no incident accounts for yet (0 for a cgroup not seen)."""
+        acct = self.accounts.get(path)
+        return max(0, acct.kernel.oom_kill - acct.seen.oom_kill) if acct is not None else 0
+
     def pending(self) -> bool:
         """Whether some cgroup shows kills not yet accounted (the caller then calls reconcile soon)."""
         return bool(self._unsettled)

@@ -36,3 +36,27 @@ def test_a_single_kill_is_still_published_after_the_short_quiet_window() -> None
     replay.step(KernelLog(scenarios[:first_single + 1], drained_at=100.0), now=100.0)
     replay.advance_to(100.3)
     assert [(i.kind, i.victim.pid) for i in replay.published] == [("single", 118)]
+
+
+def test_a_report_whose_kills_memory_events_counted_is_not_taken_as_complete_early() -> None:
+    """memory.events counts each kill before the kernel prints its line, and the cgroup watcher can be ahead of the
+    log's reader: while the counters say a report's cgroup lost more processes than its lines so far show, the
+    pipeline waits the longer quiet window (here the victim's line came, the `Tasks in` line and the member's were
+    still on their way)."""
+    victim = next(i for i, r in enumerate(RECORDS) if "Killed process 162 (dd)" in r.text)
+    boot = 100.0 - RECORDS[victim].usec / 1e6  # the kill happened at 100.0, as the counters' readings say
+    replay = Replay(live_settings(boot_time=boot), now=99.0)
+    replay.step(CgroupAdded(GROUP, 7, {"oom_kill": 0, "oom_group_kill": 0}, 1, True, (153, 158, 159, 160, 162)))
+    replay.step(KernelLog(RECORDS[:victim + 1], drained_at=100.0), now=100.0)
+    # The counters of the whole group kill (6 lines: the victim twice; 1 group kill) are read before the rest of
+    # its lines.
+    from oomwatch.events import CgroupChanged
+
+    replay.step(CgroupChanged(GROUP, 7, {"max": 1, "oom": 1, "oom_kill": 6, "oom_group_kill": 1}, 1, True),
+                now=100.1)
+    replay.advance_to(100.6)
+    assert replay.published == []  # 0.6 s of quiet, but four counted lines have not come
+    replay.step(KernelLog(RECORDS[victim + 1:], drained_at=100.6), now=100.6)
+    replay.advance_to(103.0)
+    assert [(i.evidence, i.kind, i.victim.pid, len(i.killed)) for i in replay.published] == [
+        ("kmsg", "group", 162, 5)]  # and nothing counted from memory.events: the lines account for every kill
