@@ -290,8 +290,10 @@ class CgroupWatcher:
         self._max_user_watches = max_user_watches
         self._known: dict[str, None] = {}  # every cgroup reported, in the order found (parents first)
         self._children: dict[str, set[str]] = {}  # only cgroups that have children
-        self._wd: dict[int, tuple[int, str]] = {}  # wd -> (what, cgroup)
-        self._wds: dict[str, list[int]] = {}  # cgroup -> its wds
+        # wd -> cgroup, one dict per thing watched (no (what, cgroup) tuple per watch: 280 bytes a cgroup), and
+        # cgroup -> its wds, one slot per thing watched.
+        self._wd_path: tuple[dict[int, str], ...] = tuple({} for _ in range(5))
+        self._wds: dict[str, list[Optional[int]]] = {}
         self._missing: dict[str, int] = {}  # cgroup -> bits of what is not watched
         self._unwatched_dirs: set[str] = set()  # cgroups whose directory is not watched (listed instead)
         self._starved: set[str] = set()  # cgroups with a watch refused for want of inotify watches
@@ -365,8 +367,7 @@ class CgroupWatcher:
             self._refused(path, _DIR, base, exc)
         else:
             self._know(path)
-            self._wd[wd] = (_DIR, path)
-            self._wds.setdefault(path, []).append(wd)
+            self._add_wd(path, _DIR, wd)
         if path != "/":
             for what, name in _FILES:
                 self._watch_file(path, what, f"{base}/{name}")
@@ -387,9 +388,23 @@ class CgroupWatcher:
             if exc.errno not in _GONE_ERRNOS:  # ENOENT: no memory controller here (or gone)
                 self._refused(path, what, file, exc)
             return False
-        self._wd[wd] = (what, path)
-        self._wds.setdefault(path, []).append(wd)
+        self._add_wd(path, what, wd)
         return True
+
+    def _add_wd(self, path: str, what: int, wd: int) -> None:
+        slots = self._wds.get(path)
+        if slots is None:
+            slots = self._wds[path] = [None] * 5
+        slots[what] = wd
+        self._wd_path[what][wd] = path
+
+    def _watched(self, wd: int) -> Optional[tuple[int, str]]:
+        # memory.events first: in a storm nearly every event is one
+        for what in (_EVENTS, _POPULATED, _DIR, _MAX, _GROUP):
+            path = self._wd_path[what].get(wd)
+            if path is not None:
+                return what, path
+        return None
 
     def _refused(self, path: str, what: int, name: str, exc: OSError) -> None:
         """A watch (or listing) of `path` refused; counted once per cgroup and reason, not per retry."""
@@ -419,9 +434,10 @@ class CgroupWatcher:
         for p in gone:
             del self._known[p]
             self._children.pop(p, None)
-            for wd in self._wds.pop(p, ()):
-                self._wd.pop(wd, None)
-                self._freed = True
+            for what, wd in enumerate(self._wds.pop(p, ())):
+                if wd is not None:
+                    self._wd_path[what].pop(wd, None)
+                    self._freed = True
             self._missing.pop(p, None)
             self._unwatched_dirs.discard(p)
             self._starved.discard(p)
@@ -473,7 +489,7 @@ class CgroupWatcher:
                         log.warning("inotify queue overflowed; re-reading the cgroup tree")
                         self._resync()
                         continue
-                    watched = self._wd.get(event.wd)
+                    watched = self._watched(event.wd)
                     if watched is None:
                         continue
                     what, path = watched
@@ -579,9 +595,7 @@ class CgroupWatcher:
                     return False
                 self._unreadable.setdefault(path, f"{target}: {exc.strerror or exc}")
                 continue
-            if wd not in self._wd:
-                self._wd[wd] = (what, path)
-                self._wds.setdefault(path, []).append(wd)
+            self._add_wd(path, what, wd)  # (the same wd again where the inode was watched already)
             bits &= ~(1 << what)
             if what == _DIR:
                 self._unwatched_dirs.discard(path)
