@@ -304,8 +304,10 @@ class CgroupWatcher:
         self.error: Optional[str] = None
         self.alive = False
         self.callback_errors = 0  # callbacks that raised: logged with their cgroup, the watcher goes on
-        self.watch_errors = 0  # add_watch calls refused for want of watches (a counter for a metric)
-        self.unreadable_errors = 0  # listings and add_watch calls refused for permission (a counter)
+        # Counters for metrics: each time a cgroup became not fully watched, by reason (not each refused call, nor
+        # each retry).
+        self.watch_errors = 0  # out of inotify watches (ENOSPC, ENOMEM)
+        self.unreadable_errors = 0  # refused for permission (or any other error but ENOENT)
 
     # --- what is known ---------------------------------------------------------------------------------
 
@@ -331,9 +333,12 @@ class CgroupWatcher:
             parts.append(f"{len(self._starved)} cgroup(s) not fully watched: out of inotify watches (raise the "
                          f"sysctl fs.inotify.max_user_watches, now {self._watch_limit()})")
         if self._unreadable:
-            path, what = next(iter(self._unreadable.items()))
+            try:  # read on the HTTP thread while the watcher may change it
+                example = next(iter(self._unreadable.values()))
+            except (RuntimeError, StopIteration):
+                example = "(changing)"
             parts.append(f"{len(self._unreadable)} cgroup(s) unreadable to this agent (uid {os.geteuid()}), "
-                         f"e.g. {what}")
+                         f"e.g. {example}")
         return "; ".join(parts) or None
 
     def unwatched_counts(self) -> dict[str, int]:
@@ -677,7 +682,7 @@ class CgroupWatcher:
         elif not starved and self._said[0]:
             log.warning("inotify watches: every cgroup is watched again")
         if unreadable and not self._said[1]:
-            path, what = next(iter(self._unreadable.items()))
+            what = next(iter(self._unreadable.values()))
             log.error("%d cgroup(s) are unreadable to this agent (uid %d), e.g. %s; their series may be missing "
                       "and their changes unseen: run the agent as root or give it read access",
                       len(self._unreadable), os.geteuid(), what)
