@@ -15,6 +15,8 @@ README = ROOT / "README.md"
 HOST_TOOLS = {"kubectl", "helm", "journalctl", "tr", "htpasswd", "curl", "pip", "git"}
 # inline spans that are commands: a script of the checkout or .venv, or a program file given arguments
 COMMAND_SPAN = re.compile(r"(sudo |[A-Z_]+=\S* )*(scripts/|\.venv/bin/|\.ci/|[\w/]+\.py \S)")
+# a shell pipeline starts with a program's name (a LogQL or PromQL query with `|` starts with `{` or a metric)
+PIPELINE_SPAN = re.compile(r"(sudo )?[a-z.][\w./-]* -")
 VENV_MADE = {".venv/bin/python", ".venv/bin/pytest", ".venv/bin/oomwatch"}  # made by ensure_venv
 
 
@@ -23,7 +25,8 @@ def readme_commands(text: str) -> list[str]:
     commands = []
     for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
         commands += [line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    commands += [span for span in re.findall(r"`([^`\n]+)`", text) if " | " in span or COMMAND_SPAN.match(span)]
+    commands += [span for span in re.findall(r"`([^`\n]+)`", text)
+                 if PIPELINE_SPAN.match(span) and " | " in span or COMMAND_SPAN.match(span)]
     return commands
 
 
