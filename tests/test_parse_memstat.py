@@ -304,6 +304,15 @@ def test_reports_pasted_v1_and_headerless_tables():
     assert trimmed.task_header is not None and trimmed.tasks == () and trimmed.stats is None
 
 
+def test_reports_rows_are_bounded(monkeypatch):
+    import oomwatch.parse.memstat as memstat
+
+    monkeypatch.setattr(memstat, "MAX_TASK_ROWS", 3)
+    rows = [f"[{pid:7d}]     0 {pid:5d}      623      142    49152        0      0 sleep" for pid in range(10)]
+    (report,) = memory_reports(["Tasks state (memory values in pages):", HEADER_6_1, *rows])
+    assert [t.pid for t in report.tasks] == [0, 1, 2]
+
+
 def test_reports_none_in_a_log_without_them():
     assert list(memory_reports(text_log(CORPUS / "redis-2174-rhel6-syslog-no-ts.log"))) == []
 

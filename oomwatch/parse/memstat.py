@@ -12,7 +12,8 @@ What the kernel prints (mm/memcontrol.c, mm/oom_kill.c, mm/show_mem.c; real capt
   own format (memcg1_stat_format, bytes), and a pasted `cat memory.stat` of cgroup v1 is bytes too.
 - `Tasks state (memory values in pages):`, a column header, one row per task. The header names the columns:
   3.10 `… rss nr_ptes swapents …`, 4.15+ `… rss pgtables_bytes swapents …`, Debian's 6.12 (captured;
-  6.1 has no split) `… rss rss_anon rss_file rss_shmem pgtables_bytes …`. Rows are read by the header they follow.
+  6.1 has no split) `… rss rss_anon rss_file rss_shmem pgtables_bytes …`.
+  Rows are read by the header they follow.
 - `Mem-Info:` then `active_anon:N inactive_anon:N …` in pages (one record with `\\x0a` on 6.1, continuation
   lines in dmesg).
 """
@@ -26,6 +27,9 @@ from typing import Iterable, Iterator, Mapping, NamedTuple, Optional
 KIB = 1024
 # A real memory.stat has under 100 keys (6.12: 76); a block claiming more is not the kernel's. Values are u64.
 MAX_STAT_KEYS = 256
+# A task table has a row per process of the OOM domain: thousands on a big node. A log that goes on past this
+# is not one table (or is hostile); the rows after it are not kept.
+MAX_TASK_ROWS = 1 << 16
 _U64_DIGITS = 20
 _U64_MAX = (1 << 64) - 1
 
@@ -298,7 +302,8 @@ def memory_reports(texts: Iterable[str]) -> Iterator[OomMemoryReport]:
         elif state.section == "tasks" and state.header is not None:
             row = parse_task_row(text, state.header)
             if row is not None:
-                state.rows.append(row)
+                if len(state.rows) < MAX_TASK_ROWS:
+                    state.rows.append(row)
                 continue
             yield state.report()
             state = _ReportState()
