@@ -71,7 +71,7 @@ class Agent:
         self.fatal: Optional[str] = None  # why the agent must stop (a source failed for good)
         self._wake = threading.Event()  # a signal, or a source that failed for good
         self._loop_thread = threading.Thread(target=self._loop, name="pipeline", daemon=True)
-        self._view_at = 0.0
+        self._view_at, self._stale = 0.0, False
         self.blind: Optional[str] = None  # why it cannot see the cgroups
 
     def start(self) -> None:
@@ -132,10 +132,11 @@ class Agent:
             self.kernel_log.wake()
         if fx.fatal:
             self._fail(fx.fatal)
-        # A new view (replaced whole): at once when the queue is empty, else every VIEW_INTERVAL while busy.
-        if (fx.changed or fx.done) and (fx.done or self.events.empty() or
-                                        self.clock() - self._view_at >= VIEW_INTERVAL):
-            self.view, self._view_at = self.pipeline.view(), self.clock()
+        # A new view (replaced whole) once something changed: at once when the queue is empty, else every
+        # VIEW_INTERVAL while busy (a change seen while busy is kept until then: `_stale`).
+        self._stale = self._stale or fx.changed
+        if self._stale and (fx.done or self.events.empty() or self.clock() - self._view_at >= VIEW_INTERVAL):
+            self.view, self._view_at, self._stale = self.pipeline.view(), self.clock(), False
 
     def _metrics(self, accept: str):
         content_type, chunks = self.collector.metrics(accept)

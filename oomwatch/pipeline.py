@@ -180,6 +180,7 @@ class Pipeline:
                                                "skipped"))
         if items:
             self._last_record = self._now
+            fx.changed = True  # (the records counted)
         self._caught_up = event.drained_at is not None
         if event.drained_at is not None:
             self._read_started = event.drained_at

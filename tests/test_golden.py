@@ -56,16 +56,37 @@ def test_golden_metrics_and_incidents(case: Path) -> None:
 
 
 def test_the_running_agent_serves_the_golden_output(tmp_path: Path) -> None:
-    """Smoke test of the wiring: the real agent (threads, HTTP, events file) on a golden case serves exactly what
-    the replay gives, and its events file carries the same incidents, one per line."""
-    case = FIXTURES / "golden" / "k8s-runc"
+    """Smoke test of the wiring: the real agent (threads, HTTP, events file) on a golden case. Its kernel log is a
+    FIFO, written only once the agent serves: before any record, every workload of the tree already has its series
+    at 0 (Prometheus' increase() needs them to see the first kill); after, it serves exactly the golden output,
+    and its events file carries the same incidents, one per line."""
+    import os
+    import threading
+
+    case = FIXTURES / "golden" / "memcg-scenarios"
     expected = json.loads((case / "expected-incidents.json").read_text())
-    with running_agent(golden_config(case, tmp_path), clock=lambda: DETECTED_AT) as agent:
+    fifo = tmp_path / "kmsg"
+    os.mkfifo(fifo)
+    config = golden_config(case, tmp_path)
+    config = Config(**{**config.__dict__, "kmsg": str(fifo)})
+    writer = threading.Thread(target=lambda: (fifo.open("wb").write((case / "kmsg").read_bytes()) if gate.wait(30)
+                                              else None), daemon=True)
+    gate = threading.Event()
+    writer.start()
+    with running_agent(config, clock=lambda: DETECTED_AT) as agent:
+        assert wait_for(lambda: http_get(base_url(agent) + "/healthz")[0] == 200)
+        before = http_get(base_url(agent) + "/metrics")[1].decode()
+        gate.set()
         assert wait_for(lambda: len(json.loads(http_get(base_url(agent) + "/incidents")[1])) == len(expected))
         status, metrics = http_get(base_url(agent) + "/metrics")
-        assert status == 200
         status, incidents = http_get(base_url(agent) + "/incidents")
-        assert status == 200
+    zero = {line.split("{")[1].split("}")[0] for line in before.splitlines()
+            if line.startswith("oomwatch_oom_kills_total{") and line.endswith(" 0.0")}
+    tree = Replay(Settings(boot_id="b", boot_time=BOOT_TIME, kmsg_source=None, counting=False))
+    tree.run(tree_events(case / "cgroup"))
+    workloads = {f'cgroup="{path}",container="",kind="{kind}",namespace="",pod=""'
+                 for path, _, _ in tree.pipeline.view().workloads for kind in ("single", "group")}
+    assert len(workloads) == 12 and zero == workloads  # /a /b /p /p/c1 /p/c2 /q; /q/c1 only once it is killed
     assert metrics.decode() == (case / "expected-metrics.txt").read_text()
     assert json.loads(incidents) == expected
     lines = (tmp_path / "events.jsonl").read_text().splitlines()
