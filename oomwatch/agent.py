@@ -143,7 +143,7 @@ class Agent:
         return content_type, malloc_trimmed(chunks)  # a big scrape's garbage goes back to the kernel
 
     def health(self) -> tuple[bool, dict]:
-        return _health(self)
+        return health_of(self)
 
     def _fail(self, why: str) -> None:
         self.fatal = self.fatal or why
@@ -200,12 +200,16 @@ def publish_to(sinks: list[Sink], incident) -> None:
             log.exception("sink %s could not take an incident", type(sink).__name__)
 
 
-def _health(agent: Agent) -> tuple[bool, dict]:
+def health_of(agent: Agent) -> tuple[bool, dict]:
     """/healthz: 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why."""
     kmsg_ok, kmsg = agent.kernel_log.health()
     watcher = agent.cgroups.watcher
-    cgroups_ok = watcher.alive and watcher.error is None and not agent.blind
-    detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (agent.blind or watcher.error or "not running")}
+    blind = agent.blind or watcher.blind  # no memory controller; out of inotify watches; unreadable cgroups
+    cgroups_ok = watcher.alive and watcher.error is None and not blind
+    detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (blind or watcher.error or "not running")}
+    server = agent.http.server if agent.http is not None else None
+    if server is not None and server.last_scrape_failed:  # until a scrape succeeds again
+        detail["scrape"] = f"the last scrape failed: {server.last_scrape_error}"
     if agent.fatal:
         detail["fatal"] = agent.fatal
     if agent.view is not None and agent.view.workloads_over_cap:  # blind to those: not healthy
@@ -215,7 +219,7 @@ def _health(agent: Agent) -> tuple[bool, dict]:
     if agent.config.proc_connector:  # optional: reported, never fatal
         connector = agent.connector
         detail["proc_connector"] = (connector.error if connector is not None else "not running") or "ok"
-    return kmsg_ok and cgroups_ok and not agent.fatal and "workloads" not in detail, detail
+    return kmsg_ok and cgroups_ok and not agent.fatal and not {"workloads", "scrape"} & set(detail), detail
 
 
 def _pipeline(agent: Agent, boot_id: str, skip: Optional[int], extra: dict) -> Pipeline:

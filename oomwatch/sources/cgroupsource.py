@@ -79,8 +79,7 @@ class CgroupSource:
         return self.fs.read_oom_group(path), limit is not None and not math.isinf(limit)
 
     def _subtree_pids(self, root: str) -> dict[str, tuple[int, ...]]:
-        prefix = root.rstrip("/") + "/"
-        return {p: self._pids(p) for p in self.watcher.known() if p == root or p.startswith(prefix)}
+        return {p: self._pids(p) for p in self.watcher.subtree(root)}  # (the watcher's index: the subtree's size)
 
     def _names(self, path: str):
         names = self.resolver.container_appeared(path)
