@@ -335,3 +335,13 @@ def test_a_dev_kmsg_that_is_another_device_says_to_use_syslog(monkeypatch) -> No
     monkeypatch.setattr(os, "open", open_console_as_kmsg)
     with pytest.raises(NotAKernelLog, match="/dev/kmsg is a character device .*use --kmsg syslog"):
         list(saved_log_chunks("/dev/kmsg"))
+
+
+def test_a_saved_log_that_may_not_be_read_is_not_blamed_on_cap_syslog() -> None:
+    import errno
+
+    from oomwatch.sources.kmsg import explain_saved_open_error
+
+    said = explain_saved_open_error("/root/kern.log", PermissionError(errno.EACCES, "Permission denied"))
+    assert said.startswith("/root/kern.log: permission denied") and "CAP_SYSLOG" not in said
+    assert explain_saved_open_error("/x.log", FileNotFoundError(errno.ENOENT, "x")) == "/x.log does not exist"

@@ -213,6 +213,13 @@ def _what_it_is(mode: int, rdev: int) -> Optional[str]:
     return None
 
 
+def explain_saved_open_error(path: str, exc: OSError) -> str:
+    """Why a saved log cannot be opened: a file's own permissions, not the kernel log's CAP_SYSLOG."""
+    if exc.errno in (errno.EPERM, errno.EACCES):
+        return f"{path}: permission denied (the file's owner and mode; read it as its owner or root)"
+    return explain_open_error(path, exc)
+
+
 def _chunks_of_fd(fd: int, path: str, fifo: bool, idle_timeout: Optional[float]) -> Iterator[bytes]:
     """A FIFO is waited on for its first bytes `idle_timeout` seconds at most (nothing may ever open it for
     writing); once they came, a writer exists and is waited for as long as it takes."""
@@ -273,7 +280,7 @@ def saved_log_chunks(source: Union[str, BinaryIO], idle_timeout: float = FIFO_ID
     except OSError as exc:
         if exc.errno == errno.ENXIO:
             raise NotAKernelLog(explain_open_error(source, exc)) from exc
-        raise KmsgUnavailable(explain_open_error(source, exc)) from exc
+        raise KmsgUnavailable(explain_saved_open_error(source, exc)) from exc
     try:
         st = os.fstat(fd)
         refused = _what_it_is(st.st_mode, st.st_rdev)
