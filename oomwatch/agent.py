@@ -86,8 +86,8 @@ class Agent:
         self.view = self.pipeline.view()  # scrapes see this until it is replaced
         for sink in self.sinks:
             sink.start(self.store.snapshot().incidents)
-        threading.Thread(target=_until_failed, args=(self, self.cgroups.run, "the cgroup watcher stopped"),
-                         name="cgroups", daemon=True).start()
+        threading.Thread(target=_until_failed, args=(self, self.cgroups.run, "the cgroup watcher stopped",
+                                                     self.cgroups.watcher.close), name="cgroups", daemon=True).start()
         self._loop_thread.start()
         latest = _Latest(lambda: self.view)
         self.collector = _collector(self, latest)
@@ -204,9 +204,17 @@ def health_of(agent: Agent) -> tuple[bool, dict]:
     """/healthz: 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why."""
     kmsg_ok, kmsg = agent.kernel_log.health()
     watcher = agent.cgroups.watcher
-    blind = agent.blind or watcher.blind  # no memory controller; out of inotify watches; unreadable cgroups
+    # Blind: no memory controller, or cgroups this agent cannot read. Cgroups inotify cannot watch are still
+    # read (at each scrape, their directories listed every 30 s): said, not failed (a restart gives no watches).
+    blind = agent.blind or (watcher.blind if watcher.unwatched_counts().get("unreadable") else None)
     cgroups_ok = watcher.alive and watcher.error is None and not blind
     detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (blind or watcher.error or "not running")}
+    if watcher.blind and not blind:
+        detail["cgroup_watch"] = watcher.blind
+    failing = [sink.file.failing for sink in agent.sinks if getattr(sink, "file", None) is not None
+               and getattr(sink.file, "failing", None)]
+    if failing:  # reported, not fatal: the incidents stay in /incidents and the state
+        detail["events_file"] = failing[0]
     server = agent.http.server if agent.http is not None else None
     if server is not None and server.last_scrape_failed:  # until a scrape succeeds again
         detail["scrape"] = f"the last scrape failed: {server.last_scrape_error}"
@@ -234,9 +242,11 @@ def _pipeline(agent: Agent, boot_id: str, skip: Optional[int], extra: dict) -> P
                     state_error=agent.state.error if agent.state else None)
 
 
-def _until_failed(agent: Agent, run: Callable[[], None], why: str) -> None:
-    """A source's thread: when it returns before the agent stops, the agent must stop."""
+def _until_failed(agent: Agent, run: Callable[[], None], why: str, close: Callable[[], None]) -> None:
+    """A source's thread: when it returns before the agent stops, the agent must stop. Then what it holds is
+    released (the cgroup watcher's inotify instance: 128 a user)."""
     run()
+    close()
     if not agent._wake.is_set():
         agent._fail(why)
 
