@@ -269,15 +269,17 @@ class Correlator:
             self._on_exiting(line, self._wall_time(record))
         elif kind is OomReaped:
             summarised = b is not None and not b.kills and b.summary is not None and b.summary.pid == line.pid
-            if line.pid not in self._recent_killed and (summarised or not self._live):
-                # The reaper only reaps OOM victims: this process was killed, and its kill line is missing (a
-                # paste cut before it). Taken as that kill line, with what the rest of the report says. On the
-                # live log only where the report it ends is still open: a restart reads from its cursor, and the
-                # reaper's line can come after a kill the last run published.
-                self.stats.kills_from_reaper += 1
-                self._on_killed(OomKilled(pid=line.pid, comm=line.comm, oom_kind="unknown"), record,
-                                self._wall_time(record))
+            if line.pid in self._recent_killed or not (summarised or not self._live):
+                # The reaper's line (printed later, anywhere in the log) changes nothing of the report in progress.
                 return self._drain() if self._out else []
+            # The reaper only reaps OOM victims: this process was killed, and its kill line is missing (a paste
+            # cut before it). Taken as that kill line, with what the rest of the report says. On the live log
+            # only where the report it ends is still open: a restart reads from its cursor, and the reaper's line
+            # can come after a kill the last run published.
+            self.stats.kills_from_reaper += 1
+            self._on_killed(OomKilled(pid=line.pid, comm=line.comm, oom_kind="unknown"), record,
+                            self._wall_time(record))
+            return self._drain() if self._out else []
         if self._open is not None:
             self._open.last_was_new_kill = False
         return self._drain() if self._out else []
@@ -493,23 +495,24 @@ class Correlator:
             oom_kind = b.selected.oom_kind  # before 5.1 the kill line has no prefix; `Kill process` said which
         if b.summary is not None:
             constraint = b.summary.constraint
-        elif oom_kind == "global":
-            constraint = "global"
+        elif oom_kind in ("global", "memcg"):
+            constraint = oom_kind
         else:
-            constraint = "memcg"
+            constraint = "unknown"  # no summary, no prefix (4.14's lines, a kill known from its reaper line)
         if b.summary is not None:
             oom_cgroup: Optional[str] = b.summary.oom_cgroup
-        elif constraint != "memcg":
+        elif constraint == "global":
             oom_cgroup = "/"
         else:
             oom_cgroup = self._view.oom_cgroup_hint(first.cgroup or b.group, first.time)
         killed = tuple(self._process(k, b.group) for k in b.kills)
         victim = killed[0]
         trigger = None
+        order = b.invoked.order if b.invoked is not None else None  # -1: sysrq f, no allocation failed
         if b.stack_task is not None:
-            trigger = {"pid": b.stack_task.pid, "comm": b.stack_task.comm}
+            trigger = {"pid": b.stack_task.pid, "comm": b.stack_task.comm, "order": order}
         elif b.invoked is not None:
-            trigger = {"pid": None, "comm": b.invoked.comm}
+            trigger = {"pid": None, "comm": b.invoked.comm, "order": order}
         memory = None
         if b.usage is not None:
             memory = {"usage_bytes": b.usage.usage_bytes, "limit_bytes": b.usage.limit_bytes}

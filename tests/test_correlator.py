@@ -134,7 +134,7 @@ def test_already_exiting_processes_are_reported_with_the_kill_that_doomed_them()
     assert len(incidents) == 1
     assert [p.pid for p in incidents[0].killed] == [727, 719]
     assert incidents[0].exiting == ({"pid": 724, "comm": "sleep"}, {"pid": 725, "comm": "sleep"})
-    assert incidents[0].trigger == {"pid": 727, "comm": "dd"}
+    assert incidents[0].trigger == {"pid": 727, "comm": "dd", "order": 0}
     assert stats.invocations_without_kill == 1  # the invocation that found its victim already exiting
 
 

@@ -84,8 +84,6 @@ def test_unreadable_oom_lines_are_never_called_no_oom_line() -> None:
     assert any("none is an OOM line" in w for w in reader_warnings(kmsg))
 
 
-@pytest.mark.xfail(strict=True, reason="the correlator must put the invoked line's order in the trigger "
-                                       "(order=-1: sysrq); explain reads trigger['order']")
 def test_the_sysrq_fixture_is_explained_as_a_manual_kill() -> None:
     report = build_report(Config(kmsg=str(SYSRQ), boot_time=BOOT_TIME), node_view=False, clock=lambda: 0.0)
     assert report["incidents"][0]["explanation"].startswith("A manual OOM kill (sysrq f")
