@@ -13,10 +13,12 @@ from oomwatch.events import KernelLog, KernelLogEnded
 from oomwatch.model import KmsgRecord
 from oomwatch.pump import KernelLogPump
 from oomwatch.sources.kmsg import (
+    LIVE_KMSG,
     KmsgUnavailable,
     LiveKmsg,
     explain_open_error,
     is_saved_log,
+    kernel_log_kind,
     open_kernel_log,
     read_saved_log,
     saved_log_verdict,
@@ -56,7 +58,7 @@ class KernelLogSource:
                 early.stop()
             self._replay = threading.Thread(target=self._replay_saved_log, name="kmsg", daemon=True)
             return cursor_for("file")  # the records a replay before this one already counted
-        if early is not None and self.path == "/dev/kmsg" and self._factory is None:
+        if early is not None and self._factory is None and kernel_log_kind(self.path) == LIVE_KMSG:
             self.pump, self.kind = early, "kmsg"
             return cursor_for("kmsg")
         if early is not None:
