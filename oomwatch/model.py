@@ -191,10 +191,16 @@ class Workload:
 
     def metric_labels(self) -> tuple[str, str, str, str]:
         """(namespace, pod, container, cgroup) identity labels per docs/contract.md: Kubernetes series carry
-        names, not cgroups, so a restarted container continues the same series."""
+        names, not cgroups, so a restarted container continues the same series. The cgroup is spelt as the
+        kernel log spells it (a byte that is not UTF-8 as the text `\\xNN`), so that a cgroup read from the
+        tree and named by the log has one series."""
         if self.is_kubernetes and self.pod:
             return (self.namespace or "", self.pod, self.container or "", "")
-        return ("", "", "", self.cgroup)
+        if self.cgroup.isascii():
+            return ("", "", "", self.cgroup)
+        from oomwatch.workloads.paths import as_logged  # (paths imports this module)
+
+        return ("", "", "", as_logged(self.cgroup))
 
     def display_name(self) -> str:
         if self.is_kubernetes and self.pod:

@@ -120,7 +120,8 @@ class Pipeline:
         self._saved_at = now
         self.state_error = state_error  # why the state is not saved (None: it is)
         self._identities: dict[str, Workload] = {}
-        self._over_cap: set[str] = set()  # workload cgroups the full store could not take (exported when it can)
+        # Workload cgroups the full store could not take, in the order they came (exported when it can, first first)
+        self._over_cap: dict[str, None] = {}
         self._handlers: dict[type, Callable[[Any, Effects], None]] = {
             KernelLog: self._kernel_log, CgroupAdded: self._cgroup_added, CgroupChanged: self._cgroup_changed,
             CgroupRemoved: self._cgroup_removed, ProcessForked: self._forked, ProcessExeced: self._execd,
@@ -268,7 +269,7 @@ class Pipeline:
     def _cgroup_removed(self, event: CgroupRemoved, fx: Effects) -> None:
         self._identities.pop(event.path, None)
         if event.path in self._over_cap:
-            self._over_cap.discard(event.path)
+            del self._over_cap[event.path]
             if not self._over_cap:
                 fx.logs.append((logging.INFO, "every live workload is exported again"))
         labels = self.node.cgroup_removed(event.path)
@@ -303,7 +304,7 @@ class Pipeline:
         when that starts and once when every workload has its series again)."""
         if self.store.seen(labels):
             if self._over_cap:
-                self._over_cap.discard(path)
+                self._over_cap.pop(path, None)
                 if not self._over_cap:
                     fx.logs.append((logging.INFO, "every live workload is exported again"))
             return
@@ -311,7 +312,7 @@ class Pipeline:
             fx.logs.append((logging.ERROR, f"more than {self.store.max_workloads} live workloads: the ones beyond "
                                            "are not exported (oomwatch_workloads_over_cap, /healthz); their kills "
                                            "are still in /incidents and the events file"))
-        self._over_cap.add(path)
+        self._over_cap[path] = None
 
     def _forked(self, event: ProcessForked, fx: Effects) -> None:
         self.node.process_forked(event.parent, event.parent_task, event.child)

@@ -25,6 +25,9 @@ SCOPES = ("container", "pod", "node", "cgroup")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 MAX_EXPLANATION = 1000  # characters of an incident's explanation kept for the info series
+# A label value read back from the state: a cgroup path in a delegated subtree can be deeper than PATH_MAX (mkdir
+# relative to a deep directory), each name up to 255 bytes; this bounds a damaged file, not a real path.
+MAX_LABEL = 1 << 16
 
 # Workloads (series sets) kept at most: a live workload is never dropped, gone ones are, oldest first.
 MAX_WORKLOADS = 20_000
@@ -275,7 +278,7 @@ class Store:
         workloads = {}
         for entry in v.list(state, "workloads"):
             labels = tuple(v.list(entry, "labels"))
-            v.expect(len(labels) == 4 and all(isinstance(x, str) and len(x) <= 4096 for x in labels),
+            v.expect(len(labels) == 4 and all(isinstance(x, str) and len(x) <= MAX_LABEL for x in labels),
                      "workload labels")
             c = WorkloadCounters()
             kills, killed = v.counts(entry, "kills", KINDS), v.counts(entry, "killed", ROLES)

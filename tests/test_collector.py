@@ -423,8 +423,6 @@ def test_hostile_names_survive_a_save_and_restore(tmp_path: Path) -> None:
     assert again.exposition() == ours.exposition()
 
 
-@pytest.mark.xfail(strict=True, reason="Store.load_state refuses labels over 4,096 characters and the whole "
-                   "state is moved aside: a cgroup path can be longer (oomwatch/store.py, the lead's)")
 def test_a_long_cgroup_path_survives_a_save_and_restore(tmp_path: Path) -> None:
     """A delegated subtree can nest cgroups past 4,096 bytes of path; one such workload must not cost the
     node's saved counters."""

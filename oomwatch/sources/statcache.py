@@ -31,6 +31,7 @@ from typing import Callable, Optional
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import parse_int, parse_limit, parse_oom_group
 from oomwatch.sources.cgroupfs import CgroupFS, cat
+from oomwatch.workloads.paths import as_logged
 
 # Descriptors left for everything else (HTTP connections, inotify, the kernel log, state files).
 RESERVED_DESCRIPTORS = 1024
@@ -153,8 +154,10 @@ class StatCache:
             # Every cgroup has memory.pressure where PSI is on; one with memory.current and none is a kernel
             # without PSI.
             self.psi_absent_logged = True
+            # (the path as_logged: a cgroup name can hold any byte, a terminal's escape sequences included)
             log.warning("%s/memory.pressure is absent: this kernel has no PSI (booted with psi=0, or built "
-                        "without CONFIG_PSI); oomwatch_memory_pressure_seconds_total is not exported", base)
+                        "without CONFIG_PSI); oomwatch_memory_pressure_seconds_total is not exported",
+                        as_logged(base).encode("unicode_escape").decode("ascii"))
         return CgroupStats(
             path=path, oom_group=oom_group, events=events, limit_bytes=limit,
             usage_bytes=usage,
