@@ -1,88 +1,139 @@
-"""The real agent keeps the kernel's count: kills that no log record describes come from memory.events, once;
-state that is damaged or shared never crashes it or loses the file; the events file stays idempotent."""
+"""What the agent writes around the pipeline, without its threads: the state file and the events file as sinks
+(oomwatch.sinks) applied to the effects of Pipeline.step() in the agent's order (tests/replay.Replay). State that is
+damaged or shared never crashes a start or loses the file; the events file follows the saved state and stays
+idempotent across a crash; a full disk is named, counted and loses no incident. And the cgroup source goes on
+when one cgroup's event breaks its handler. (The counting itself: tests/test_pipeline_counts.py.)"""
 
 from __future__ import annotations
 
 import json
+import logging
+import queue
 import shutil
 import threading
-import time
 from pathlib import Path
 
-from oomwatch.agent import Agent
+from oomwatch.events import CgroupChanged, KernelLog, Stop
+from oomwatch.sinks import EventsFileSink, StateFileSink
+from oomwatch.sinks.events import EventsFile
+from oomwatch.sources.cgroupfs import CgroupFS
+from oomwatch.sources.cgroupsource import CgroupSource
 from oomwatch.statefile import StateFile, StateLocked
-from oomwatch.store import STATE_VERSION
-from tests.conftest import SeqpacketKmsg, base_url, http_get, incidents_of, running_agent, wait_for
-from tests.test_agent import GOLDEN, agent_config, events, upto
-
-K8S = Path(__file__).resolve().parent.parent / "fixtures" / "golden" / "k8s-runc"
-CONTAINER = "kubepods/burstable/pod0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f/4f2a9c1e7b3d5a6c8e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d"
-
-
-def k8s_config(tmp_path: Path, tree: Path, **kw):
-    return agent_config(tmp_path, cgroup_root=str(tree), proc=str(K8S / "proc"), run_root=str(K8S / "run"),
-                        kubelet_config=str(K8S / "kubelet" / "config.yaml"), **kw)
+from oomwatch.store import STATE_VERSION, Store
+from oomwatch.workloads import WorkloadResolver
+from tests.conftest import wait_for
+from tests.replay import BOOT_ID, Replay, cursor_for_restart, live_reads, live_settings
+from tests.test_agent import GOLDEN
+from tests.test_pipeline_replay import BOOT, upto
 
 
-def bump(tree: Path, kill: int, group: int) -> None:
-    text = f"low 0\nhigh 0\nmax 9\noom {group}\noom_kill {kill}\noom_group_kill {group}\n"
-    (tree / CONTAINER / "memory.events.local").write_text(text)
-    (tree / CONTAINER / "memory.events").write_text(text)
+def events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_group_kills_whose_records_were_lost_are_counted_from_memory_events(tmp_path: Path) -> None:
-    tree = tmp_path / "cgroup"
-    shutil.copytree(K8S / "cgroup", tree)
-    bump(tree, 3, 1)  # one kill before the agent: not ours to count
-    kmsg = SeqpacketKmsg()
-    with running_agent(k8s_config(tmp_path, tree), kmsg_factory=kmsg.factory) as agent:
-        bump(tree, 9, 3)  # two group kills whose kernel log records were overwritten before being read
-        assert wait_for(lambda: len(incidents_of(agent)) == 2, timeout=15)
-        _, metrics = http_get(base_url(agent) + "/metrics")
-        incidents = incidents_of(agent)
-    assert {(i["kind"], i["evidence"], i["victim"], tuple(i["killed"])) for i in incidents} == \
-        {("group", "memory.events", None, ())}
-    assert all(i["workload"]["pod"] == "train-0" and i["workload"]["container"] == "trainer" for i in incidents)
-    assert all("no longer describes" in i["explanation"] for i in incidents)
-    assert (b'oomwatch_oom_kills_total{cgroup="",container="trainer",kind="group",namespace="ml",pod="train-0"} 2.0'
-            in metrics)
-    assert [e["evidence"] for e in events(tmp_path)] == ["memory.events"] * 2
-    # A restart neither repeats nor loses them.
-    with running_agent(k8s_config(tmp_path, tree), kmsg_factory=SeqpacketKmsg().factory) as agent:
-        bump(tree, 12, 4)  # and one more while it runs
-        assert wait_for(lambda: len(incidents_of(agent)) == 3, timeout=15)
-    assert len(events(tmp_path)) == 3
+def a_life(tmp_path: Path, raw, *, events_file: str = "", state_dir: str = "", after_seq=None) -> Replay:
+    """One start of the agent's writing side: the state loaded (as StateFileSink.load does at start), the sinks
+    started with what it holds, the records read and everything due done; not stopped (a SIGKILL ends it)."""
+    state_sink = StateFileSink(StateFile(state_dir or str(tmp_path / "state")))
+    store = Store()
+    extra = state_sink.load(store, BOOT_ID)
+    file_sink = EventsFileSink(EventsFile(events_file or str(tmp_path / "events.jsonl"), hold=True))
+    file_sink.start(store.snapshot().incidents)
+    replay = Replay(live_settings(boot_time=BOOT), now=BOOT + 14.0, store=store, accounts=extra.get("accounts"),
+                    sinks=[file_sink], state_sink=state_sink)
+    for items in live_reads(raw, cursor_for_restart(store.to_state()) if after_seq is None else after_seq):
+        replay.step(KernelLog(items, drained_at=replay.now + 0.01), replay.now + 0.01)
+    replay.settle()
+    return replay
 
 
-def test_kills_while_the_agent_was_down_are_counted_at_start(tmp_path: Path) -> None:
-    tree = tmp_path / "cgroup"
-    shutil.copytree(K8S / "cgroup", tree)
-    with running_agent(k8s_config(tmp_path, tree), kmsg_factory=SeqpacketKmsg().factory) as agent:
-        assert wait_for(lambda: agent.store.cursor_seq is None and agent.reconciler.accounts)
-    bump(tree, 6, 2)  # the agent is down; the ring wraps over the record
-    with running_agent(k8s_config(tmp_path, tree), kmsg_factory=SeqpacketKmsg().factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 1, timeout=15)
-        assert incidents_of(agent)[0]["evidence"] == "memory.events"
+def close(replay: Replay) -> None:
+    for sink in [*replay.sinks, replay.state_sink]:
+        sink.close()
 
 
-def test_logged_kills_are_not_counted_again_from_memory_events(tmp_path: Path) -> None:
-    """The golden memcg capture's four incidents, with the same boot's memory.events: nothing is added."""
-    tree = tmp_path / "cgroup"
-    shutil.copytree(GOLDEN / "cgroup", tree)
-    kmsg = SeqpacketKmsg()
-    with running_agent(agent_config(tmp_path, cgroup_root=str(tree), boot_time=None), kmsg_factory=kmsg.factory) \
-            as agent:
-        # Counters move as the kernel moved them for the four incidents, then the log arrives.
-        for path, text in {"a": "oom 1\noom_kill 1\noom_group_kill 0\n", "b": "oom 1\noom_kill 4\noom_group_kill 1\n"}.items():
-            (tree / path / "memory.events.local").write_text(text)
-        kmsg.send(upto(521))
-        assert wait_for(lambda: len(incidents_of(agent)) == 2)
-        assert wait_for(lambda: not agent.reconciler.pending(), timeout=5)
-    assert [e["evidence"] for e in events(tmp_path)] == ["kmsg", "kmsg"]
+def test_events_file_lines_follow_the_saved_state(tmp_path: Path) -> None:
+    """A line is written only once the state that counts its incident is saved, and a start writes what the
+    saved state holds and the file lacks (a crash between the two writes): never a line for a kill the next
+    start will publish again, never one missing."""
+    path = tmp_path / "events.jsonl"
+    seen: list[tuple[str, int, int]] = []  # (when, lines in the file, incidents in the last saved state)
+    saved = [0]
+    state_sink = StateFileSink(StateFile(str(tmp_path / "state")))
+    state_sink.load(Store(), BOOT_ID)
+    file_sink = EventsFileSink(EventsFile(str(path), hold=True))
+    file_sink.start(())
+
+    class Watching(EventsFileSink):  # what the file holds when each incident is handed over and after each save
+        def publish(self, incident) -> None:
+            file_sink.publish(incident)
+            seen.append(("publish", len(events(path)), saved[0]))
+
+        def flush(self, state) -> None:
+            saved[0] = len(state["incidents"])
+            file_sink.flush(state)
+            seen.append(("flush", len(events(path)), saved[0]))
+
+    replay = Replay(live_settings(boot_time=BOOT), now=BOOT + 14.0, sinks=[Watching(file_sink.file)],
+                    state_sink=state_sink)
+    for items in live_reads(upto(521)):
+        replay.step(KernelLog(items, drained_at=replay.now + 0.01), replay.now + 0.01)
+    replay.settle()
+    assert [w for w, _, _ in seen].count("publish") == 2 and "flush" in [w for w, _, _ in seen]
+    assert all(lines == in_state for _, lines, in_state in seen), seen  # a line exactly when its state is saved
+    assert [e["victim"]["pid"] for e in events(path)] == [118, 125]
+    file_sink.close()
+    state_sink.close()
+    path.write_text("")  # the crash came after the state was saved, before the lines
+    again = a_life(tmp_path, upto(521))
+    close(again)
+    assert again.published == []
+    assert [e["victim"]["pid"] for e in events(path)] == [118, 125]
 
 
-def test_damaged_state_files_never_crash_the_agent_and_are_kept(tmp_path: Path) -> None:
+def test_events_file_is_idempotent_after_a_crash(tmp_path: Path) -> None:
+    """A SIGKILL between writing incidents and saving the cursor: the next start reads the same records again
+    and must not write them twice."""
+    first = a_life(tmp_path, upto(521))
+    close(first)
+    (tmp_path / "state" / "state.json").unlink()  # as if the agent died before it could save
+    second = a_life(tmp_path, upto(521))
+    close(second)
+    assert [i.victim.pid for i in second.published] == [118, 125]  # published again: the state did not know
+    assert [e["victim"]["pid"] for e in events(tmp_path / "events.jsonl")] == [118, 125]
+
+
+def test_a_full_disk_names_the_file_counts_it_and_loses_no_incident(tmp_path: Path, monkeypatch) -> None:
+    """/dev/full answers every write with ENOSPC: as the events file, and under the state file's temp file."""
+    import os as os_module
+
+    import oomwatch.statefile as statefile_module
+
+    def full_mkstemp(prefix="", dir=None):
+        return os_module.open("/dev/full", os_module.O_WRONLY), os_module.path.join(dir, prefix + "full")
+
+    monkeypatch.setattr(statefile_module.tempfile, "mkstemp", full_mkstemp)
+    replay = a_life(tmp_path, upto(521), events_file="/dev/full")
+    view = replay.pipeline.view()
+    assert len(view.store.incidents) == 2
+    assert view.store.state_errors >= 1
+    assert "state.json" in view.state_error and "No space left" in view.state_error
+    errors = [m for level, m in replay.logs if level == logging.ERROR and "cannot write state" in m]
+    assert len(errors) == 1, "one line when saves start failing, not one per save"
+    (file_sink,) = replay.sinks
+    assert file_sink.file.errors == 2 and "/dev/full" in file_sink.file.last_error
+    # The disk has room again: the next save works, is said once, and the view says nothing is wrong.
+    monkeypatch.undo()
+    replay.step(Stop(), replay.now + 1.0)
+    assert (logging.INFO, "state written again") in replay.logs
+    assert replay.pipeline.view().state_error is None
+    close(replay)
+    assert len(json.loads((tmp_path / "state" / "state.json").read_text())["incidents"]) == 2
+
+
+def test_damaged_state_files_never_crash_a_start_and_are_kept(tmp_path: Path, caplog) -> None:
     damaged = [
+        '{"version": 1, "boot_id": ',
         {"version": STATE_VERSION, "workloads": [{"labels": ["", "", "", "/a"], "kills": [1]}]},
         {"version": STATE_VERSION, "boot_id": "x", "cursor_seq": 1, "cursor_source": "kmsg",
          "workloads": [{"labels": ["", "", "", "/a"], "kills": {"single": -5}, "killed": {}}],
@@ -100,192 +151,38 @@ def test_damaged_state_files_never_crash_the_agent_and_are_kept(tmp_path: Path) 
         state_dir.mkdir()
         text = state if isinstance(state, str) else json.dumps(state)
         (state_dir / "state.json").write_text(text)
-        with running_agent(agent_config(tmp_path, state_dir=str(state_dir)),
-                           kmsg_factory=SeqpacketKmsg().factory) as agent:
-            assert http_get(base_url(agent) + "/healthz")[0] == 200
-            assert http_get(base_url(agent) + "/metrics")[0] == 200
+        caplog.clear()
+        with caplog.at_level(logging.ERROR):
+            replay = a_life(tmp_path / f"life{n}", upto(521), state_dir=str(state_dir))
+        assert any("corrupt" in r.getMessage() for r in caplog.records), n
+        assert [i.victim.pid for i in replay.published] == [118, 125], n  # counted from zero
+        close(replay)
         kept = list(state_dir.glob("state.json.corrupt-*"))
         assert len(kept) == 1 and kept[0].read_text() == text, n
         assert json.loads((state_dir / "state.json").read_text())["version"] == STATE_VERSION
 
 
-def test_a_second_agent_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
+def test_a_second_lock_on_the_same_state_dir_is_refused(tmp_path: Path) -> None:
+    """(That the agent then exits 2 without touching the state: the smoke test in tests/test_agent.py.)"""
     first = StateFile(str(tmp_path / "state"))
     first.lock()
     try:
-        agent = Agent(agent_config(tmp_path), kmsg_factory=SeqpacketKmsg().factory)
-        assert agent.run_until_signalled() == 2
+        refused = StateFileSink(StateFile(str(tmp_path / "state")))
+        try:
+            refused.load(Store(), BOOT_ID)
+            raise AssertionError("a second lock was granted")
+        except StateLocked as exc:
+            assert "another oomwatch agent" in str(exc)
     finally:
         first.unlock()
     second = StateFile(str(tmp_path / "state"))
     second.lock()  # free again once the first is gone
     second.unlock()
-    try:
-        StateFile(str(tmp_path / "state")).lock()
-        third = StateFile(str(tmp_path / "state"))
-        third.lock()
-        raise AssertionError("a second lock was granted")
-    except StateLocked as exc:
-        assert "another oomwatch agent" in str(exc)
-
-
-def test_events_file_is_idempotent_after_a_crash(tmp_path: Path) -> None:
-    """A SIGKILL between writing incidents and saving the cursor: the next start reads the same records again
-    and must not write them twice."""
-    kmsg = SeqpacketKmsg()
-    kmsg.send(upto(521))
-    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 2)
-    (tmp_path / "state" / "state.json").unlink()  # as if the agent died before it could save
-    kmsg = SeqpacketKmsg()
-    kmsg.send(upto(521))
-    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 2)
-    assert [e["victim"]["pid"] for e in events(tmp_path)] == [118, 125]
-
-
-def test_a_record_that_breaks_processing_is_skipped_and_counted(tmp_path: Path, monkeypatch) -> None:
-    from oomwatch import correlator as correlator_module
-
-    real = correlator_module.parse_oom_line
-    calls = threading.Lock()
-
-    def flaky(text):
-        if "Killed process 118" in text:
-            raise RuntimeError("boom")
-        return real(text)
-
-    monkeypatch.setattr(correlator_module, "parse_oom_line", flaky)
-    kmsg = SeqpacketKmsg()
-    kmsg.send(upto(521))
-    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 1)
-        assert http_get(base_url(agent) + "/healthz")[0] == 200
-        assert agent.store.snapshot().kmsg_parse_errors >= 1
-    assert calls is not None
-
-
-def test_syslog_mode_does_not_count_a_kill_twice_when_its_lines_come_late(tmp_path: Path, monkeypatch) -> None:
-    """syslog(2) is read only when woken: the memory.events move wakes it before the kernel has printed the
-    kill's lines. The agent must read again before it believes the counters over the log (found by the image
-    test: every kill in the DaemonSet's syslog mode was reported twice)."""
-    import errno
-    import time
-
-    import oomwatch.sources.klog as klog_module
-    from oomwatch.sources.klog import SyslogKmsg
-    from oomwatch.sources.kmsg import KmsgUnavailable, LiveKmsg
-    from tests.test_klog import FakeKlogctl, syslog_lines
-
-    def refuse(self, after_seq=None):
-        raise KmsgUnavailable("/dev/kmsg: permission denied") from PermissionError(errno.EPERM, "denied")
-
-    monkeypatch.setattr(LiveKmsg, "open", refuse)
-    kernel = FakeKlogctl(syslog_lines(upto_seq=521))
-    monkeypatch.setattr(klog_module, "SyslogKmsg", lambda: SyslogKmsg(syscall=kernel, fallback_interval=3600))
-    tree = tmp_path / "cgroup"
-    shutil.copytree(GOLDEN / "cgroup", tree)
-    for path in ("p/c1", "p"):  # before the third kill
-        (tree / path / "memory.events.local").write_text("max 0\noom 0\noom_kill 0\noom_group_kill 0\n")
-    # The third kill (kernel time 18.755 s) happens 2 s from now.
-    config = agent_config(tmp_path, kmsg="/dev/kmsg", cgroup_root=str(tree), boot_time=time.time() - 16.75)
-    with running_agent(config) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 2)
-        assert agent.kmsg_source == "syslog"
-        time.sleep(2.0)
-        # The counters move (the cue to read: the ring does not hold the kill's lines yet) ...
-        (tree / "p/c1/memory.events.local").write_text("max 0\noom 0\noom_kill 3\noom_group_kill 1\n")
-        (tree / "p/c1/memory.events").write_text("max 0\noom 0\noom_kill 3\noom_group_kill 1\n")
-        time.sleep(0.3)
-        kernel.lines = syslog_lines(upto_seq=562)  # ... and the lines come after, with no cue of their own
-        assert wait_for(lambda: len(incidents_of(agent)) == 3, timeout=10)
-        time.sleep(2.5)  # longer than the settle time: a duplicate would show now
-        incidents = incidents_of(agent)
-    assert [(i["victim"]["pid"], i["evidence"]) for i in incidents][-1] == (132, "kmsg")
-    assert len(incidents) == 3
-
-
-def test_a_cgroup_that_breaks_its_handler_does_not_stop_the_watch(tmp_path: Path, monkeypatch) -> None:
-    tree = tmp_path / "cgroup"
-    shutil.copytree(GOLDEN / "cgroup", tree)
-    with running_agent(agent_config(tmp_path, cgroup_root=str(tree)), kmsg_factory=SeqpacketKmsg().factory) as agent:
-        real = agent.node.events_changed
-
-        def breaks_on_a(path, local):
-            if path == "/a":
-                raise RuntimeError("a bug")
-            return real(path, local)
-
-        monkeypatch.setattr(agent.node, "events_changed", breaks_on_a)
-        for name in ("memory.events.local", "memory.events"):  # inotify watches memory.events
-            (tree / "a" / name).write_text("max 1\noom 1\noom_kill 1\noom_group_kill 0\n")
-        assert wait_for(lambda: agent.watcher.callback_errors >= 1)
-        for name in ("memory.events.local", "memory.events"):
-            (tree / "b" / name).write_text("max 1\noom 1\noom_kill 9\noom_group_kill 1\n")
-        assert wait_for(lambda: "/b" in agent._oom_kill_at)
-        assert http_get(base_url(agent) + "/healthz")[0] == 200
-
-
-def test_a_thread_that_dies_for_good_makes_the_agent_exit_nonzero(tmp_path: Path, monkeypatch) -> None:
-    import oomwatch.agent as agent_module
-    from oomwatch.sources.cgroupfs import CgroupWatcher
-
-    def dies(self):
-        self.alive = False
-        self.error = "cgroup watcher stopped: the inotify descriptor went bad"
-
-    monkeypatch.setattr(CgroupWatcher, "run", dies)
-    monkeypatch.setattr(agent_module, "FATAL_GRACE_SECONDS", 0.5)
-    agent = Agent(agent_config(tmp_path), kmsg_factory=SeqpacketKmsg().factory)
-    assert agent.run_until_signalled() == 1
-    assert agent.health()[1]["cgroups"].startswith("cgroup watcher stopped")
-
-
-def test_a_full_disk_names_the_file_counts_it_and_loses_no_incident(tmp_path: Path, monkeypatch) -> None:
-    """/dev/full answers every write with ENOSPC: as the events file, and under the state file's temp file."""
-    import os as os_module
-
-    import oomwatch.statefile as store_module
-
-    def full_mkstemp(prefix="", dir=None):
-        return os_module.open("/dev/full", os_module.O_WRONLY), os_module.path.join(dir, prefix + "full")
-
-    monkeypatch.setattr(store_module.tempfile, "mkstemp", full_mkstemp)
-    kmsg = SeqpacketKmsg()
-    kmsg.send(upto(521))
-    config = agent_config(tmp_path, events_file="/dev/full")
-    with running_agent(config, kmsg_factory=kmsg.factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 2)
-        assert wait_for(lambda: agent.store.snapshot().state_errors >= 1)
-        status, body = http_get(base_url(agent) + "/healthz")
-        health = json.loads(body)
-        assert status == 200 and "state.json" in health["state"] and "No space left" in health["state"]
-        assert agent.events_file.errors == 2 and "/dev/full" in agent.events_file.last_error
-
-
-def test_events_file_lines_follow_the_saved_state(tmp_path: Path) -> None:
-    """A line is written only once the state that counts its incident is saved, and a start writes what the
-    saved state holds and the file lacks (a crash between the two writes): never a line for a kill the next
-    start will publish again, never one missing."""
-    kmsg = SeqpacketKmsg()
-    kmsg.send(upto(521))
-    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 2)
-        assert agent.events_file.hold
-        assert wait_for(lambda: len(events(tmp_path)) == 2)  # flushed with the save when the log went quiet
-    (tmp_path / "events.jsonl").write_text("")  # the crash came after the state was saved, before the lines
-    kmsg = SeqpacketKmsg()
-    kmsg.send(upto(521))
-    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
-        assert wait_for(lambda: len(events(tmp_path)) == 2)
-        time.sleep(0.5)
-    assert [e["victim"]["pid"] for e in events(tmp_path)] == [118, 125]
 
 
 def test_held_lines_are_written_on_flush_only() -> None:
     import tempfile
 
-    from oomwatch.sinks.events import EventsFile
     from tests.test_store_cap import kill_in
 
     path = Path(tempfile.mkdtemp()) / "events.jsonl"
@@ -300,18 +197,39 @@ def test_held_lines_are_written_on_flush_only() -> None:
     assert len(path.read_text().splitlines()) == 1
 
 
-def test_counter_readings_do_not_pile_up_without_a_kernel_log_processor(tmp_path: Path) -> None:
-    """A saved log replayed, or no kernel log at all: nothing takes the memory.events readings, so none are
-    queued (they would grow with every cgroup and every kill for as long as the agent runs)."""
+def test_a_cgroup_that_breaks_its_handler_does_not_stop_the_watch(tmp_path: Path) -> None:
+    """The real watcher on its thread: one cgroup's event that raises is counted and logged, the others are
+    still reported."""
     tree = tmp_path / "cgroup"
-    shutil.copytree(K8S / "cgroup", tree)
-    for kmsg in (str(K8S / "kmsg"), str(tmp_path / "no-such-kmsg")):
-        with running_agent(k8s_config(tmp_path / Path(kmsg).name, tree, kmsg=kmsg)) as agent:
-            assert wait_for(lambda: agent.watcher is not None and agent.watcher.known())
-            for n in range(1, 6):
-                bump(tree, n, n)
-            # The watcher saw the kills (the scrape reads memory.events again only when inotify says it moved).
-            oom_kill = (b'oomwatch_memory_events_total{cgroup="",container="trainer",event="oom_kill",'
-                        b'namespace="ml",pod="train-0"} 5.0')
-            assert wait_for(lambda: oom_kill in http_get(base_url(agent) + "/metrics")[1], timeout=10), kmsg
-            assert len(agent._observations) == 0, kmsg
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    got: queue.SimpleQueue = queue.SimpleQueue()
+
+    def emit(event) -> None:
+        if isinstance(event, CgroupChanged) and event.path == "/a":
+            raise RuntimeError("a bug")
+        got.put(event)
+
+    source = CgroupSource(CgroupFS(str(tree)), WorkloadResolver(), emit)
+    source.start()
+    thread = threading.Thread(target=source.run)
+    thread.start()
+    try:
+        for name in ("memory.events.local", "memory.events"):  # inotify watches memory.events
+            (tree / "a" / name).write_text("max 99\noom 9\noom_kill 9\noom_group_kill 0\n")
+        assert wait_for(lambda: source.watcher.callback_errors >= 1)
+        for name in ("memory.events.local", "memory.events"):
+            (tree / "b" / name).write_text("max 99\noom 9\noom_kill 99\noom_group_kill 9\n")
+
+        def b_changed() -> bool:
+            while not got.empty():
+                event = got.get()
+                if isinstance(event, CgroupChanged) and event.path == "/b" and event.local["oom_kill"] == 99:
+                    return True
+            return False
+
+        assert wait_for(b_changed)
+        assert source.watcher.alive and source.watcher.error is None
+    finally:
+        source.stop()
+        thread.join()
+        source.watcher.close()
