@@ -22,7 +22,7 @@ from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, node
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
 from oomwatch.process import malloc_trimmed, nice_this_thread
 from oomwatch.sinks import EventsFileSink, LogSink, PodEventSink, Sink, StateFileSink
-from oomwatch.sinks.collector import OomwatchCollector
+from oomwatch.sinks.collector import AGENT_CHECKS, AgentStatus, OomwatchCollector
 from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
@@ -263,7 +263,21 @@ def _collector(agent: Agent, latest: "_Latest") -> OomwatchCollector:
     return OomwatchCollector(latest, lambda: scraped_workloads(
         agent.view.workloads, agent.stat_cache, agent.fs, agent.cgroups.watcher.unwatched_limits),
         lambda: agent.posture.info_with(agent.view.single_process_oom_kill),
-        cgroup_parse_errors=lambda: agent.fs.parse_errors, drop=agent.config.drop_series)
+        cgroup_parse_errors=lambda: agent.fs.parse_errors, drop=agent.config.drop_series,
+        agent_status=lambda: status_of(agent))
+
+
+def status_of(agent: Agent) -> AgentStatus:
+    """/healthz as series (oomwatch_agent_healthy{check}), with the parts' own counts."""
+    _, detail = health_of(agent)
+    checks = {c: True for c in AGENT_CHECKS if c != "proc_connector" or agent.config.proc_connector}
+    checks.update({c: value == "ok" for c, value in detail.items() if c in checks})
+    server = agent.http.server if agent.http is not None else None
+    return AgentStatus(
+        checks=checks, failed_scrapes=server.failed_scrapes if server is not None else 0,
+        unwatched=agent.cgroups.watcher.unwatched_counts(),
+        events_file_errors=sum(s.file.errors for s in agent.sinks if isinstance(s, EventsFileSink)),
+        workloads_over_cap=agent.view.workloads_over_cap if agent.view is not None else 0)
 
 
 def _connector(proc: Proc, emit, own_cgroup: Optional[str], clock) -> Optional[ProcConnector]:

@@ -18,7 +18,7 @@ from oomwatch.model import Incident, KmsgRecord
 from oomwatch.node import NodePosture, scraped_workloads
 from oomwatch.parse.kmsg import parse_kmsg_record
 from oomwatch.pipeline import Effects, Pipeline, Settings
-from oomwatch.sinks.collector import OomwatchCollector
+from oomwatch.sinks.collector import AGENT_CHECKS, AgentStatus, OomwatchCollector
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.sources.cgroupsource import CgroupSource
 from oomwatch.sources.kmsg import LiveKmsg, read_saved_log
@@ -261,7 +261,8 @@ class Replay:
         view = self.pipeline.view()
         fs = CgroupFS(config.cgroup_root)
         posture = NodePosture(config, Proc(config.proc))
+        healthy = AgentStatus(checks={c: True for c in AGENT_CHECKS if c != "proc_connector"})  # as a running agent
         collector = OomwatchCollector(view, lambda: scraped_workloads(view.workloads, StatCache(fs), fs, set()),
                                       lambda: posture.info_with(view.single_process_oom_kill),
-                                      cgroup_parse_errors=lambda: fs.parse_errors)
+                                      cgroup_parse_errors=lambda: fs.parse_errors, agent_status=lambda: healthy)
         return collector.exposition()

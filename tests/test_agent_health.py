@@ -63,3 +63,19 @@ def test_degradations_that_still_see_are_said_but_healthy() -> None:
 def test_a_state_that_is_not_saved_is_said_but_not_fatal() -> None:
     ok, detail = health_of(agent(view=SimpleNamespace(state_error="Read-only file system", workloads_over_cap=0)))
     assert ok and detail["state"] == "Read-only file system"
+
+
+def test_the_same_checks_are_series() -> None:
+    """oomwatch_agent_healthy{check}: what /healthz says, for alerts; a blind agent is 0 on its check."""
+    from oomwatch.agent import status_of
+
+    blind = agent(blind="memory is on a cgroup v1 hierarchy on this host (hybrid): …",
+                  http=SimpleNamespace(server=SimpleNamespace(last_scrape_failed=False, last_scrape_error=None,
+                                                              failed_scrapes=3)),
+                  cgroups=SimpleNamespace(watcher=SimpleNamespace(
+                      alive=True, error=None, blind=None,
+                      unwatched_counts=lambda: {"inotify_watches": 2, "unreadable": 0})))
+    status = status_of(blind)
+    assert status.checks == {"kmsg": True, "cgroups": False, "scrape": True, "workloads": True, "state": True,
+                             "cgroup_watch": True, "events_file": True}
+    assert status.failed_scrapes == 3 and status.unwatched == {"inotify_watches": 2, "unreadable": 0}

@@ -33,11 +33,14 @@ from oomwatch import __version__
 from oomwatch.model import CgroupStats, Incident, KilledProcess, Workload
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
 from oomwatch.sinks.collector import (
+    AGENT_CHECKS,
+    AgentStatus,
     CONTENT_TYPE,
     FAMILIES,
     IDENTITY,
     NodeInfo,
     NodeView,
+    UNWATCHED_REASONS,
     OomwatchCollector,
     format_value,
     label_value,
@@ -81,6 +84,11 @@ NODE_FAMILIES = [
     ("oomwatch_workloads_dropped_total", "counter", ()),
     ("oomwatch_workloads_not_exported_total", "counter", ()),
     ("oomwatch_cgroup_parse_errors_total", "counter", ()),
+    ("oomwatch_agent_healthy", "gauge", ("check",)),
+    ("oomwatch_scrape_failures_total", "counter", ()),
+    ("oomwatch_cgroups_unwatched", "gauge", ("reason",)),
+    ("oomwatch_events_file_write_errors_total", "counter", ()),
+    ("oomwatch_workloads_over_cap", "gauge", ()),
     ("oomwatch_detection_latency_seconds", "histogram", ("le",)),
     ("oomwatch_build_info", "gauge", ("version",)),
 ]
@@ -114,9 +122,11 @@ class ReferenceCollector:
     """The same metrics as prometheus_client's typed families, fed from the table's values (see the module
     docstring)."""
 
-    def __init__(self, store, live_workloads, node_info, cgroup_parse_errors=None, not_exported=0) -> None:
+    def __init__(self, store, live_workloads, node_info, cgroup_parse_errors=None, not_exported=0,
+                 agent_status=None) -> None:
         self.store, self.live_workloads, self.node_info = store, live_workloads, node_info
         self.cgroup_parse_errors, self.not_exported = cgroup_parse_errors, not_exported
+        self.agent_status = agent_status
 
     def collect(self):
         snap = self.store.snapshot()
@@ -132,7 +142,8 @@ class ReferenceCollector:
                     metric.add_metric([label_value(v) for v in (*labels, *values)], value)
             yield metric
         view = NodeView(snap=snap, info=self.node_info(), not_exported=self.not_exported,
-                        cgroup_parse_errors=self.cgroup_parse_errors() if self.cgroup_parse_errors else None)
+                        cgroup_parse_errors=self.cgroup_parse_errors() if self.cgroup_parse_errors else None,
+                        agent=self.agent_status() if self.agent_status else None)
         for family in FAMILIES:
             if family.source != "node" or family.samples(view) is None:
                 continue
@@ -177,8 +188,11 @@ def golden_inputs(case: Path, parse_errors: Optional[int] = None):
 @pytest.mark.parametrize("case", GOLDEN, ids=[c.name for c in GOLDEN])
 def test_golden_trees_byte_identical_to_prometheus_client(case: Path) -> None:
     view, live, info, parse_errors = golden_inputs(case)
-    ours = OomwatchCollector(view, live, info, cgroup_parse_errors=parse_errors)
-    reference = ReferenceCollector(view, live, info, cgroup_parse_errors=parse_errors)
+    healthy = AgentStatus(checks={c: True for c in AGENT_CHECKS if c != "proc_connector"},
+                          unwatched={"inotify_watches": 0, "unreadable": 0})  # a running agent's
+    ours = OomwatchCollector(view, live, info, cgroup_parse_errors=parse_errors, agent_status=lambda: healthy)
+    reference = ReferenceCollector(view, live, info, cgroup_parse_errors=parse_errors,
+                                   agent_status=lambda: healthy)
     content_type, chunks = ours.metrics("text/plain")
     body = b"".join(chunks)
     assert body == reference_text(reference)
@@ -545,6 +559,8 @@ BOUNDED_LABELS: dict[str, object] = {
     "single_process_oom_kill": {"true", "false", "unknown"},
     "kernel": "one series per node (the running kernel's release)",
     "version": {__version__},
+    "check": set(AGENT_CHECKS),
+    "reason": set(UNWATCHED_REASONS),
 }
 
 

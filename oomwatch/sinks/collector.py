@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence
 
@@ -102,6 +102,23 @@ NodeSample = tuple[str, dict[str, str], float]
 
 
 @dataclass(frozen=True)
+class AgentStatus:
+    """What the agent says of itself at a scrape (its /healthz, as series): `checks` maps each of AGENT_CHECKS
+    it runs to whether it is fine; the counts are its parts' own."""
+
+    checks: dict[str, bool]
+    failed_scrapes: int = 0
+    unwatched: dict[str, int] = field(default_factory=dict)  # cgroups not fully watched now, by reason
+    events_file_errors: int = 0
+    workloads_over_cap: int = 0
+
+
+# /healthz's checks (bounded: a label value): each 1 while fine, 0 while not.
+AGENT_CHECKS = ("kmsg", "cgroups", "scrape", "workloads", "state", "cgroup_watch", "events_file", "proc_connector")
+UNWATCHED_REASONS = ("inotify_watches", "unreadable")
+
+
+@dataclass(frozen=True)
 class NodeView:
     """What the node-level families read at one scrape."""
 
@@ -109,6 +126,12 @@ class NodeView:
     info: NodeInfo
     cgroup_parse_errors: Optional[int]
     not_exported: int
+    agent: Optional[AgentStatus] = None  # None: not an agent (a collector over a replay, a tool)
+
+
+def _agent(samples: Callable[[AgentStatus], list]) -> Callable[[NodeView], Optional[list]]:
+    """A family of the agent's own status: absent where there is no agent."""
+    return lambda view: None if view.agent is None else samples(view.agent)
 
 
 @dataclass(frozen=True)
@@ -251,6 +274,24 @@ FAMILIES: tuple[Family, ...] = (
              lambda v: v.not_exported),
     _counter("oomwatch_cgroup_parse_errors_total", "cgroup file values the kernel would not print (negative, "
              "out of range, garbage), read as unknown.", lambda v: v.cgroup_parse_errors),
+    Family("oomwatch_agent_healthy", "gauge", "Each check of the agent's /healthz: 1 while fine, 0 while not "
+           "(kmsg, cgroups, scrape, workloads: /healthz is 503; state, cgroup_watch, events_file, proc_connector: "
+           "degraded, named in /healthz). A blind agent says so here too.", "node", labels=("check",),
+           samples=_agent(lambda a: [("oomwatch_agent_healthy", {"check": c}, 1.0 if a.checks[c] else 0.0)
+                                     for c in AGENT_CHECKS if c in a.checks])),
+    _counter("oomwatch_scrape_failures_total", "Scrapes that failed (an error while writing the body, or one "
+             "still running past the write timeout); /healthz is 503 until one succeeds.",
+             lambda v: None if v.agent is None else v.agent.failed_scrapes),
+    Family("oomwatch_cgroups_unwatched", "gauge", "cgroups the agent does not fully watch now: out of inotify "
+           "watches (still read at each scrape) or unreadable to it.", "node", labels=("reason",),
+           samples=_agent(lambda a: [("oomwatch_cgroups_unwatched", {"reason": r}, float(a.unwatched.get(r, 0)))
+                                     for r in UNWATCHED_REASONS])),
+    _counter("oomwatch_events_file_write_errors_total", "Incidents the events file could not take when "
+             "published (some are written later, once it works again).",
+             lambda v: None if v.agent is None else v.agent.events_file_errors),
+    Family("oomwatch_workloads_over_cap", "gauge", "Live workloads without series: the store is full of live "
+           "ones (20,000).", "node",
+           samples=_agent(lambda a: [("oomwatch_workloads_over_cap", {}, float(a.workloads_over_cap))])),
     Family("oomwatch_detection_latency_seconds", "histogram", "Time from the kernel's kill to the incident "
            "being published.", "node", labels=("le",), samples=_latency),
     Family("oomwatch_build_info", "gauge", "oomwatch version.", "node", labels=("version",),
@@ -340,8 +381,10 @@ class OomwatchCollector:
 
     def __init__(self, store: Any, live_workloads: Callable[[], Iterable[tuple[Labels, CgroupStats]]],
                  node_info: Callable[[], NodeInfo], *,
-                 cgroup_parse_errors: Optional[Callable[[], int]] = None, drop: Iterable[str] = ()) -> None:
+                 cgroup_parse_errors: Optional[Callable[[], int]] = None, drop: Iterable[str] = (),
+                 agent_status: Optional[Callable[[], AgentStatus]] = None) -> None:
         self._store = store
+        self._agent_status = agent_status
         self._live_workloads = live_workloads
         self._node_info = node_info
         self._cgroup_parse_errors = cgroup_parse_errors
@@ -501,7 +544,8 @@ class OomwatchCollector:
     def _node_samples(self, snap: Snapshot) -> list[tuple[Family, Sequence[NodeSample]]]:
         parse_errors = self._cgroup_parse_errors() if self._cgroup_parse_errors else None
         view = NodeView(snap=snap, info=self._node_info(), not_exported=self.not_exported,
-                        cgroup_parse_errors=parse_errors)
+                        cgroup_parse_errors=parse_errors,
+                        agent=self._agent_status() if self._agent_status is not None else None)
         out = []
         for family in self.families:
             if family.source == "node":
