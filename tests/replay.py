@@ -256,13 +256,16 @@ class Replay:
             at = self._ticked_at + SPIN_STEP
         self.step(Tick(), at)
 
-    def metrics(self, config: Config) -> bytes:
-        """/metrics as the agent serves it from this pipeline's snapshot, over `config`'s fixture tree."""
+    def collector(self, config: Config) -> OomwatchCollector:
+        """/metrics as the agent builds it on this pipeline's snapshot, over `config`'s fixture tree."""
         view = self.pipeline.view()
         fs = CgroupFS(config.cgroup_root)
         posture = NodePosture(config, Proc(config.proc))
         healthy = AgentStatus(checks={c: True for c in AGENT_CHECKS if c != "proc_connector"})  # as a running agent
-        collector = OomwatchCollector(view, lambda: scraped_workloads(view.workloads, StatCache(fs), fs, set()),
-                                      lambda: posture.info_with(view.single_process_oom_kill),
-                                      cgroup_parse_errors=lambda: fs.parse_errors, agent_status=lambda: healthy)
-        return collector.exposition()
+        return OomwatchCollector(view, lambda: scraped_workloads(view.workloads, StatCache(fs), fs, set()),
+                                 lambda: posture.info_with(view.single_process_oom_kill),
+                                 cgroup_parse_errors=lambda: fs.parse_errors, agent_status=lambda: healthy)
+
+    def metrics(self, config: Config) -> bytes:
+        """/metrics as the agent serves it from this pipeline's snapshot, over `config`'s fixture tree."""
+        return self.collector(config).exposition()

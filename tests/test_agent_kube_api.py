@@ -1,5 +1,6 @@
-"""The agent wired to a (local, fake) Kubernetes API server: the incident carries the pod's owner and
-training job from the pod index, and a pod Event is posted with the explanation. No real cluster."""
+"""The pipeline with the pod index a (local, fake) Kubernetes API server fills, as the agent wires it: the
+incident carries the pod's owner and training job, and the pod-event sink posts an Event with the explanation.
+No real cluster, no agent threads (the index and the recorder keep theirs)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ from pathlib import Path
 
 import oomwatch.workloads.kubeapi as kubeapi
 from oomwatch.sinks.k8s_events import PodEventRecorder
-from tests.conftest import SeqpacketKmsg, incidents_of, running_agent, wait_for
-from tests.test_agent import agent_config
+from oomwatch.events import KernelLog
+from oomwatch.parse.kmsg import parse_kmsg_record
+from oomwatch.sinks import PodEventSink
+from oomwatch.workloads import WorkloadResolver
+from oomwatch.workloads.runtime import RuntimeNames
+from tests.conftest import wait_for
+from tests.replay import Replay, live_settings, tree_events
 from tests.test_k8s_events import FakeEventsApi
 from tests.test_kubeapi import NODE, PYTORCH_UID, FakeApiServer
 
@@ -28,29 +34,37 @@ def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) ->
     events_api = FakeEventsApi()
     with FakeApiServer() as pods_api:
         monkeypatch.setattr(kubeapi, "in_cluster_client", lambda *a, **k: pods_api.client())
-        monkeypatch.setattr(PodEventRecorder, "from_environment",
-                            classmethod(lambda cls, node_name=None, **kw: cls(events_api.client(), node_name)))
-        config = agent_config(tmp_path, cgroup_root=str(tree), kube_api="auto", node_name=NODE)
-        kmsg = SeqpacketKmsg()
-        with running_agent(config, kmsg_factory=kmsg.factory) as agent:
-            assert agent.pod_index is not None and agent.pod_index.wait_synced(5)
-            kmsg.send([
+        pod_index = kubeapi.PodIndex.from_environment(node_name=NODE)
+        assert pod_index is not None
+        pod_index.start()
+        sink = PodEventSink(PodEventRecorder(events_api.client(), NODE))
+        sink.start(())
+        try:
+            assert pod_index.wait_synced(5)
+            # The resolver as the agent gives the pipeline one: names from the pod index, no file read.
+            replay = Replay(live_settings(), now=1.0, sinks=[sink],
+                            resolver=WorkloadResolver(RuntimeNames(read_files=False), pod_index))
+            replay.run(tree_events(tree))
+            replay.step(KernelLog([parse_kmsg_record(r) for r in [
                 b"6,10,1000,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
                 + f"oom_memcg={CTR_CG},task_memcg={CTR_CG},task=python,pid=300,uid=0\n".encode(),
                 kill(11, 300, "python"),
                 f"6,12,1300,-;Tasks in {CTR_CG} are going to be killed due to memory.oom.group set\n".encode(),
                 kill(13, 301, "pt_data_worker"),
                 kill(14, 300, "python"),
-            ])
-            assert wait_for(lambda: len(incidents_of(agent)) == 1)
-            incident = incidents_of(agent)[0]
+            ]], drained_at=1.0))
+            replay.settle()
+            (incident,) = replay.published
             assert wait_for(lambda: len(events_api.events) == 1)
-    workload = incident["workload"]
+        finally:
+            sink.close()
+            pod_index.stop()
+    workload = incident.to_json()["workload"]
     assert workload["pod_uid"] == PYTORCH_UID and workload["container_id"] == CONTAINER_ID
     assert workload["job"]["kind"] == "PyTorchJob" and workload["owner"]
     assert workload["namespace"] and workload["pod"]
     (event,) = events_api.events.values()
     assert event["reason"] == "OOMGroupKill" and event["type"] == "Warning"
-    assert event["message"] == incident["explanation"]
+    assert event["message"] == incident.explanation
     assert event["involvedObject"]["uid"] == PYTORCH_UID and event["involvedObject"]["name"] == workload["pod"]
-    assert [p["pid"] for p in incident["killed"]] == [300, 301]
+    assert [p.pid for p in incident.killed] == [300, 301]

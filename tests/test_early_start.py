@@ -1,5 +1,5 @@
-"""`oomwatch agent` drains /dev/kmsg before its heavy imports; the agent takes over that pump and continues
-exactly after its saved cursor."""
+"""`oomwatch agent` drains /dev/kmsg before its heavy imports; the kernel-log source takes over that pump and the
+pipeline continues exactly after the saved cursor."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from oomwatch.early import wants_early_start
 from oomwatch.pump import KernelLogPump
-from tests.conftest import REPO, SeqpacketKmsg, incidents_of, running_agent, wait_for
-from tests.test_agent import SCENARIOS, agent_config, events, upto
+from tests.conftest import REPO, SeqpacketKmsg, wait_for
+from tests.test_agent import SCENARIOS, seq_of
 
 
 def test_only_the_agent_on_dev_kmsg_starts_early() -> None:
@@ -49,39 +49,43 @@ def started_pump(kmsg: SeqpacketKmsg) -> KernelLogPump:
     reader = kmsg.factory("/dev/kmsg")
     reader.open()
     reader.prefilter = True
-    pump = KernelLogPump(reader)  # holds what it reads until the agent adopts it
+    pump = KernelLogPump(reader)  # no one to emit to yet: it holds what it reads
     pump.start()
     return pump
 
 
-def test_the_agent_takes_over_an_early_pump_and_skips_to_its_cursor(tmp_path: Path) -> None:
-    kmsg = SeqpacketKmsg()
-    kmsg.send(upto(521))
-    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 2)
-    # Restart: the early pump reads the whole ring again, from its oldest record.
+def test_the_kernel_log_source_takes_over_an_early_pump_and_skips_to_its_cursor() -> None:
+    """The early pump read the whole ring from its oldest record before the agent existed; the kernel-log
+    source adopts it (no second reader), hands over what it held in order, and says where the saved cursor
+    is, so that the pipeline skips what was done (its side: tests/test_pipeline_replay.py)."""
+    from oomwatch.events import KernelLog
+    from oomwatch.model import KmsgRecord, Skipped
+    from oomwatch.sources.kernellog import KernelLogSource
+    from tests.replay import Replay, live_settings
+
     kmsg = SeqpacketKmsg()
     kmsg.send(SCENARIOS)
     pump = started_pump(kmsg)
-    assert wait_for(lambda: pump.backlog() > 0)
-    with running_agent(agent_config(tmp_path, kmsg="/dev/kmsg"), early_pump=pump) as agent:
-        assert agent.pump is pump
-        assert wait_for(lambda: len(incidents_of(agent)) == 4)
-        assert agent.store.snapshot().kmsg_lost == 0
-    assert [e["victim"]["pid"] for e in events(tmp_path)] == [118, 125, 132, 139]
-
-
-def test_a_gap_between_the_cursor_and_the_oldest_record_is_lost(tmp_path: Path) -> None:
-    kmsg = SeqpacketKmsg()
-    kmsg.send(upto(400))
-    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
-        assert wait_for(lambda: agent.store.cursor_seq == 400)
-    kmsg = SeqpacketKmsg()
-    kmsg.send([r for r in SCENARIOS if int(r.split(b",", 2)[1]) > 450])
-    pump = started_pump(kmsg)
-    with running_agent(agent_config(tmp_path, kmsg="/dev/kmsg"), early_pump=pump) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 4)
-        assert agent.store.snapshot().kmsg_lost == 50
+    assert wait_for(lambda: pump.last_seq == seq_of(SCENARIOS[-1]))
+    emitted: list = []
+    source = KernelLogSource("/dev/kmsg", emitted.append, early_pump=pump)
+    try:
+        assert source.open(lambda kind: 521 if kind == "kmsg" else None) == 521
+        assert source.pump is pump and source.kind == "kmsg"
+        assert emitted == []  # held until the cgroups are known
+        source.start()
+        assert wait_for(lambda: emitted)
+    finally:
+        source.stop()
+    seqs = [item.seq for event in emitted for item in event.items if isinstance(item, KmsgRecord)]
+    assert seqs == sorted(seqs) and seqs[-1] == 604  # in kernel order, to the last OOM line ...
+    last = emitted[-1].items[-1]
+    assert isinstance(last, Skipped) and last.last_seq == seq_of(SCENARIOS[-1])  # ... and the records after it
+    replay = Replay(live_settings(skip_upto=521), now=30.0)
+    replay.run([KernelLog(event.items, drained_at=30.0) for event in emitted])
+    replay.settle()
+    assert [i.victim.pid for i in replay.published] == [132, 139]
+    assert replay.pipeline.view().store.kmsg_lost == 0
 
 
 def test_the_cli_starts_nothing_early_for_other_commands() -> None:

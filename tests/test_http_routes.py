@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from oomwatch.sinks.http import HttpSink, metrics_from_registry
-from tests.conftest import CAPTURES, SeqpacketKmsg, incidents_of, raw_records, running_agent, wait_for
+from tests.conftest import CAPTURES, raw_records
 from tests.test_agent import agent_config
 
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,application/openmetrics-text;version=0.0.1;"
@@ -21,11 +21,24 @@ PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,applicati
 
 
 def test_agent_routes_with_keep_alive(tmp_path: Path) -> None:
-    kmsg = SeqpacketKmsg()
-    kmsg.send(raw_records(CAPTURES / "linux-6.1-memcg-scenarios.kmsg"))
-    with running_agent(agent_config(tmp_path), kmsg_factory=kmsg.factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 4)
-        conn = http.client.HTTPConnection(*agent.http.address, timeout=10)
+    """The HTTP sink as the agent wires it: /metrics from the collector over the pipeline's snapshot (here a
+    replay of the memcg capture over its tree), /incidents from the snapshot, /healthz from the health check."""
+    from oomwatch.events import KernelLog
+    from tests.conftest import BOOT_TIME
+    from tests.replay import Replay, live_reads, live_settings, tree_events
+    from tests.test_agent import GOLDEN
+
+    replay = Replay(live_settings(boot_time=BOOT_TIME), now=BOOT_TIME + 24.0)
+    replay.run(tree_events(GOLDEN / "cgroup"))
+    for items in live_reads(raw_records(CAPTURES / "linux-6.1-memcg-scenarios.kmsg")):
+        replay.step(KernelLog(items, drained_at=replay.now))
+    replay.settle()
+    health = {"kmsg": "ok", "cgroups": "ok"}
+    sink = HttpSink("127.0.0.1:0", replay.collector(agent_config(tmp_path)).metrics, replay.pipeline.view(),
+                    lambda: (True, health))
+    sink.start()
+    try:
+        conn = http.client.HTTPConnection(*sink.address, timeout=10)
         answers = {}
         for path, accept in (("/metrics", "text/plain;version=0.0.4"), ("/metrics", PROMETHEUS_ACCEPT),
                              ("/healthz", ""), ("/incidents", ""), ("/", ""), ("/nothing", "")):
@@ -34,13 +47,15 @@ def test_agent_routes_with_keep_alive(tmp_path: Path) -> None:
             answers[path, accept] = (response.status, response.getheader("Content-Type"), response.read())
             assert not response.will_close  # one connection for all of them, as Prometheus keeps it
         conn.close()
+    finally:
+        sink.stop()
     status, ctype, text = answers["/metrics", "text/plain;version=0.0.4"]
     assert (status, ctype) == (200, "text/plain; version=0.0.4; charset=utf-8")
     assert b'oomwatch_node_oom_kills_total{kind="group",scope="cgroup"} 3.0' in text
     status, ctype, preferred = answers["/metrics", PROMETHEUS_ACCEPT]
     assert (status, ctype) == (200, "text/plain; version=0.0.4; charset=utf-8") and preferred == text
     assert answers["/healthz", ""][:2] == (200, "application/json")
-    assert json.loads(answers["/healthz", ""][2])["cgroups"] == "ok"
+    assert json.loads(answers["/healthz", ""][2]) == health
     assert len(json.loads(answers["/incidents", ""][2])) == 4
     assert answers["/", ""] == (200, "text/plain; charset=utf-8", b"oomwatch: /metrics /healthz /incidents\n")
     assert answers["/nothing", ""] == (404, "text/plain; charset=utf-8", b"not found\n")

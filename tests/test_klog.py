@@ -328,26 +328,6 @@ def test_wait_reads_when_woken_and_drains_the_wake_fd() -> None:
         os.close(w)
 
 
-def test_agent_restart_publishes_each_incident_once_with_usec_cursors(tmp_path) -> None:
-    """The agent's cursor logic (saved seq, `pending - 1` on restart) on timestamps instead of sequence
-    numbers: the agent test of the same name, read through syslog(2)."""
-    from tests.conftest import running_agent, wait_for
-    from tests.test_agent import agent_config, events, incidents_of
-
-    fake = FakeKlogctl(syslog_lines(upto_seq=521))  # the first two incidents (single /a, group /b)
-    factory = lambda path: SyslogKmsg(path, syscall=fake, fallback_interval=0.05)  # noqa: E731
-    with running_agent(agent_config(tmp_path), kmsg_factory=factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 2)
-    assert [e["victim"]["pid"] for e in events(tmp_path)] == [118, 125]
-    fake.lines = LINES  # two more while it was down; the ring still holds everything
-    with running_agent(agent_config(tmp_path), kmsg_factory=factory) as agent:
-        assert wait_for(lambda: len(incidents_of(agent)) == 4)
-        time.sleep(0.3)  # several fallback reads and quiet windows: nothing may come twice
-        assert len(incidents_of(agent)) == 4
-    assert [e["victim"]["pid"] for e in events(tmp_path)] == [118, 125, 132, 139]
-    assert all(e["kernel_seq"] in {r.usec for r in PARSED} for e in events(tmp_path))
-
-
 # --- the real syscall ---------------------------------------------------------------------------------
 
 

@@ -1,15 +1,12 @@
-"""The proc connector: exit events as values, the real netlink connector on this machine, and the agent
-naming the processes a group kill took down without a kernel log line."""
+"""The proc connector: exit events as values and the real netlink connector on this machine. (What the pipeline
+makes of its events, the processes a group kill took down without a kernel log line: tests/test_pipeline_node.py.)"""
 
 from __future__ import annotations
 
-import json
 import queue
-import shutil
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 from oomwatch.sources.procconn import (
     ProcConnector,
@@ -20,8 +17,7 @@ from oomwatch.sources.procconn import (
     fork_from_event,
     terminating_signal,
 )
-from tests.conftest import SeqpacketKmsg, incidents_of, running_agent, wait_for
-from tests.test_agent import GOLDEN, agent_config
+from tests.conftest import wait_for
 
 
 def test_wait_status_and_exit_events() -> None:
@@ -62,81 +58,6 @@ def test_the_real_connector_sees_a_sigkill() -> None:
         subprocess.run(["true"])  # any process event lets the blocked reader see the stop
         assert wait_for(lambda: not connector.alive)
     assert connector.error is None
-
-
-def test_group_kill_lists_processes_that_died_unlogged(tmp_path: Path) -> None:
-    """As when a group kill takes a container's PID 1: the kernel logs two kills, a third process of the
-    group dies by SIGKILL without a line; the agent names it from the proc connector."""
-    tree = tmp_path / "cgroup"
-    shutil.copytree(GOLDEN / "cgroup", tree)
-    bystander = subprocess.Popen(["sleep", "60"])
-    (tree / "b" / "cgroup.procs").write_text(f"{bystander.pid}\n")  # seen alive in /b at start
-    kmsg = SeqpacketKmsg()
-    # quiet window as in production: the test sender thread competes with the connector thread for the GIL
-    config = agent_config(tmp_path, cgroup_root=str(tree), proc_connector=True, quiet_seconds=0.5)
-    try:
-        with running_agent(config, kmsg_factory=kmsg.factory) as agent:
-            assert agent.proc_connector is not None, agent.proc_connector_error
-            kmsg.send([
-                b"3,10,1000,-;Memory cgroup out of memory: Killed process 7001 (python3) total-vm:9kB, anon-rss:9kB, "
-                b"file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n",
-                b"6,11,1001,-;Tasks in /b are going to be killed due to memory.oom.group set\n",
-                b"3,12,1002,-;Memory cgroup out of memory: Killed process 7000 (sh) total-vm:9kB, anon-rss:9kB, "
-                b"file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n",
-            ])
-            bystander.send_signal(signal.SIGKILL)
-            bystander.wait()
-            # A single kill right after: it may not overtake the group kill waiting for its witnesses.
-            kmsg.send([b"6,13,1999,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
-                       b"oom_memcg=/a,task_memcg=/a,task=java,pid=7100,uid=0\n",
-                       b"3,14,2000,-;Memory cgroup out of memory: Killed process 7100 (java) total-vm:9kB, "
-                       b"anon-rss:9kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n"])
-            assert wait_for(lambda: len(incidents_of(agent)) == 2)
-            incident, single = incidents_of(agent)
-            assert single["victim"]["pid"] == 7100 and single["kind"] == "single"
-    finally:
-        bystander.kill()
-    assert [p["pid"] for p in incident["killed"]] == [7001, 7000]
-    assert incident["died_with"] == [{"pid": bystander.pid, "cgroup": "/b", "signal": 9}]
-    assert "1 more process of /b died with it by SIGKILL" in incident["explanation"]
-    lines = (tmp_path / "events.jsonl").read_text().splitlines()
-    assert json.loads(lines[0])["died_with"] == incident["died_with"]
-
-
-def test_a_process_never_seen_in_a_cgroup_gets_it_from_its_parent(tmp_path: Path) -> None:
-    """A global OOM gives no memory.events warning to snapshot pids on: the container's init is remembered
-    when its cgroup becomes populated (cgroup.events), and what it forks later inherits that cgroup."""
-    import psutil
-
-    tree = tmp_path / "cgroup"
-    shutil.copytree(GOLDEN / "cgroup", tree)
-    (tree / "b" / "cgroup.events").write_text("populated 0\nfrozen 0\n")
-    parent = subprocess.Popen(["sh", "-c", "read x; sleep 60; true"], stdin=subprocess.PIPE)
-    kmsg = SeqpacketKmsg()
-    # quiet window as in production: the test sender thread competes with the connector thread for the GIL
-    config = agent_config(tmp_path, cgroup_root=str(tree), proc_connector=True, quiet_seconds=0.5)
-    try:
-        with running_agent(config, kmsg_factory=kmsg.factory) as agent:
-            assert agent.proc_connector is not None, agent.proc_connector_error
-            (tree / "b" / "cgroup.procs").write_text(f"{parent.pid}\n")
-            (tree / "b" / "cgroup.events").write_text("populated 1\nfrozen 0\n")
-            assert wait_for(lambda: agent._pids.get(parent.pid) == "/b")
-            parent.stdin.write(b"go\n")
-            parent.stdin.flush()
-            assert wait_for(lambda: psutil.Process(parent.pid).children())
-            (child,) = psutil.Process(parent.pid).children()
-            assert wait_for(lambda: agent._pids.get(child.pid) == "/b"), "inherited from its parent by fork"
-            child.kill()
-            kmsg.send([
-                b"3,10,1000,-;Memory cgroup out of memory: Killed process 7001 (python3) total-vm:9kB, anon-rss:9kB, "
-                b"file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n",
-                b"6,11,1001,-;Tasks in /b are going to be killed due to memory.oom.group set\n",
-            ])
-            assert wait_for(lambda: len(incidents_of(agent)) == 1)
-            incident = incidents_of(agent)[0]
-    finally:
-        parent.kill()
-    assert {"pid": child.pid, "cgroup": "/b", "signal": 9} in incident["died_with"]
 
 
 def test_proc_event_datagrams_parse_as_the_kernel_lays_them_out() -> None:
