@@ -24,6 +24,7 @@ from oomwatch.node import (
     host_boot_time,
     is_workload_cgroup,
     make_correlator,
+    node_layout,
     with_effective_oom_group,
 )
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
@@ -39,7 +40,8 @@ from oomwatch.sources.kmsg import (
 )
 from oomwatch.reconcile import counted_incident, counted_since_creation
 from oomwatch.timefmt import utc_seconds
-from oomwatch.workloads import WorkloadResolver, scope_of
+from oomwatch.workloads import WorkloadResolver
+from oomwatch.workloads.paths import CgroupLayout
 from oomwatch.workloads.kubelet import read_kubelet_config
 from oomwatch.workloads.runtime import RuntimeNames
 
@@ -328,7 +330,10 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
     proc = Proc(config.proc)
     fs = CgroupFS(config.cgroup_root)
     notes: list[str] = []
-    resolver = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir))
+    # On a live node, identities as the agent gives them: Kubernetes ones only below the kubelet's cgroupRoot.
+    layout = node_layout(config.kubelet_config) if node_view else CgroupLayout()
+    resolver = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir),
+                                layout=layout)
     posture = NodePosture(config, proc)
     single = posture.single_process_oom_kill() if node_view else "unknown"
     report: dict[str, Any] = {"node": None, "workloads": [], "incidents": [], "kmsg": None, "notes": notes}
@@ -439,7 +444,8 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
             {path: (ino, local, oom_group_ancestor(path, None, lambda p: counted.get(p, (0, {}, 0))[2] == 1)
                     is not None) for path, (ino, local, _) in counted.items()},
             lambda **kw: counted_incident(boot_id=proc.boot_id(), detected_at=clock(), resolve=resolver.resolve,
-                                          scope_of=scope_of, explain=lambda i: explain(i, single), **kw),
+                                          scope_of=resolver.layout.scope_of, explain=lambda i: explain(i, single),
+                                          **kw),
             since=boot)
 
     container_kills: dict[tuple, list[tuple[float, str]]] = {}

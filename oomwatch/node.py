@@ -17,7 +17,7 @@ from oomwatch.sinks.collector import NodeInfo
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.sources.cgroupfs import cat as cat_text
 from oomwatch.store import Labels
-from oomwatch.workloads import WorkloadResolver, scope_of
+from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
 from oomwatch.workloads.paths import CgroupLayout
 
@@ -129,7 +129,7 @@ def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolve
         boot_id=boot_id,
         boot_time=boot_time,
         resolve_workload=resolver.resolve,
-        scope_of=scope_of,
+        scope_of=resolver.layout.scope_of,
         explain=lambda incident: explain(incident, posture_single()),
         view=view,
         detected_clock=clock,
