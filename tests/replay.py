@@ -42,10 +42,11 @@ def tree_events(cgroup_root: Path, run_root: Optional[Path] = None,
 
 
 class RecordedTree:
-    """The real cgroup source (sources.cgroupsource) on a fixture tree, its watcher driven by hand: where inotify
-    would signal a change, the test changes the files and calls `changed`, `populated`, `limits` or `removed`,
-    which run the watcher's own callbacks (`CgroupWatcher.on_events` …) on this thread. Each returns the events
-    the source emitted; `kills` counts the source's `on_kill` cues (what wakes a syslog(2) reader)."""
+    """The real cgroup source (sources.cgroupsource) on a fixture tree, its watcher driven by hand: where
+    inotify would signal a change, the test changes the files and calls `changed`, `populated`, `limits` or
+    `removed`, which run the watcher's own callbacks (`CgroupWatcher.on_events` …) on this thread. Each
+    returns the events the source emitted; `kills` counts the source's `on_kill` cues (what wakes a syslog(2)
+    reader)."""
 
     def __init__(self, cgroup_root: Path, run_root: Optional[Path] = None, pod_log_dir: Optional[Path] = None,
                  resolver: Optional[WorkloadResolver] = None) -> None:
@@ -100,10 +101,11 @@ def kmsg_records(raw: Iterable[bytes]) -> list[KmsgRecord]:
 
 
 class LiveReader:
-    """The live /dev/kmsg reader (sources.kmsg.LiveKmsg, pre-filtering as the agent has it) on recorded records:
-    `read(records)` hands them to it as the kernel would print them and returns what one read gives. `after_seq`:
-    the cursor a restart opens it after (records up to it are skipped, a gap after it comes out as Lost). The
-    records go through a SOCK_SEQPACKET pair, one record per read() like the device, read on this thread."""
+    """The live /dev/kmsg reader (sources.kmsg.LiveKmsg, pre-filtering as the agent has it) on recorded
+    records: `read(records)` hands them to it as the kernel would print them and returns what one read gives.
+    `after_seq`: the cursor a restart opens it after (records up to it are skipped, a gap after it comes out
+    as Lost). The records go through a SOCK_SEQPACKET pair, one record per read() like the device, read on
+    this thread."""
 
     def __init__(self, after_seq: Optional[int] = None) -> None:
         self._ours, self._kernel = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -146,8 +148,8 @@ def live_reads(raw: Iterable[bytes], after_seq: Optional[int] = None, per_read: 
 
 
 def cursor_for_restart(state: dict, boot_id: str = BOOT_ID, kind: str = "kmsg") -> Optional[int]:
-    """The sequence a restarted agent's reader opens after: the saved cursor, if it is this boot's and this kind
-    of reader's (the agent's start asks the same)."""
+    """The sequence a restarted agent's reader opens after: the saved cursor, if it is this boot's and this
+    kind of reader's (the agent's start asks the same)."""
     if state.get("boot_id") == boot_id and state.get("cursor_source") == kind:
         return state.get("cursor_seq")
     return None
@@ -161,9 +163,10 @@ def live_settings(**overrides: Any) -> Settings:
 
 
 class Replay:
-    """A pipeline and everything its steps asked for, gathered. With `sinks` and `state_sink` (oomwatch.sinks),
-    the effects are applied to them in the agent's order: each incident published to every sink; a save written
-    by the state sink, then every sink flushed, then the outcome stepped back in as StateSaved."""
+    """A pipeline and everything its steps asked for, gathered. With `sinks` and `state_sink`
+    (oomwatch.sinks), the effects are applied to them in the agent's order: each incident published to every
+    sink; a save written by the state sink, then every sink flushed, then the outcome stepped back in as
+    StateSaved."""
 
     def __init__(self, settings: Optional[Settings] = None, *, now: float = 0.0, store: Optional[Store] = None,
                  resolver: Optional[WorkloadResolver] = None, accounts: Optional[dict] = None,
@@ -208,9 +211,9 @@ class Replay:
 
     @classmethod
     def restarted(cls, state: dict, settings: Optional[Settings] = None, **kwargs: Any) -> "Replay":
-        """A pipeline rebuilt from a state an earlier pipeline's Effects.save gave, as the agent starts after a
-        SIGKILL: the store loaded from it (when it is this boot's: another boot's counters are not continued),
-        the reconciler's accounts from its "accounts"."""
+        """A pipeline rebuilt from a state an earlier pipeline's Effects.save gave, as the agent starts after
+        a SIGKILL: the store loaded from it (when it is this boot's: another boot's counters are not
+        continued), the reconciler's accounts from its "accounts"."""
         settings = settings or live_settings()
         store = Store()
         accounts = None
@@ -234,9 +237,9 @@ class Replay:
         self.step(Tick(), max(when, self.now))
 
     def settle(self, limit: float = 7 * 86400.0) -> float:
-        """Let time pass until nothing is due any more (every quiet window, witness wait, settle, save and expiry
-        over), at most `limit` seconds; returns the time reached. What was not published by then never will be
-        without a new event."""
+        """Let time pass until nothing is due any more (every quiet window, witness wait, settle, save and
+        expiry over), at most `limit` seconds; returns the time reached. What was not published by then never
+        will be without a new event."""
         end = self.now + limit
         while True:
             deadline = self.pipeline.next_deadline()
@@ -248,8 +251,8 @@ class Replay:
     def _tick(self, deadline: float) -> None:
         """A Tick at `deadline`, as the agent's loop steps it when its wait for an event times out. A deadline
         that a Tick at that very time left due would make the loop spin (it waits 0 s, steps a Tick, again):
-        such Ticks are counted in `spins`, and time moves on a millisecond each, as the agent's clock would while
-        it spins."""
+        such Ticks are counted in `spins`, and time moves on a millisecond each, as the agent's clock would
+        while it spins."""
         at = max(deadline, self.now)
         if self._ticked_at is not None and at <= self._ticked_at:
             self.spins += 1

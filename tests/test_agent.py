@@ -102,8 +102,8 @@ def test_sigterm_stops_cleanly_with_state_flushed_and_a_second_agent_is_refused(
 
     oomwatch = Path(sys.executable).with_name("oomwatch")
     kmsg = str(CAPTURES / "linux-6.1-memcg-scenarios.kmsg")
-    args = [str(oomwatch), "agent", "--listen", "127.0.0.1:0", "--kmsg", kmsg, "--cgroup-root", str(GOLDEN / "cgroup"),
-            "--proc", str(GOLDEN / "proc"), "--kube-api", "off", "--state-dir", str(tmp_path / "state"),
+    args = [str(oomwatch), "agent", "--listen", "127.0.0.1:0", "--kmsg", kmsg,
+            "--cgroup-root", str(GOLDEN / "cgroup"), "--proc", str(GOLDEN / "proc"), "--kube-api", "off", "--state-dir", str(tmp_path / "state"),
             "--events-file", str(tmp_path / "events.jsonl")]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     try:
@@ -121,9 +121,9 @@ def test_sigterm_stops_cleanly_with_state_flushed_and_a_second_agent_is_refused(
 
 
 def test_a_failed_source_is_503_with_the_reason_then_the_agent_exits_1(tmp_path: Path, monkeypatch) -> None:
-    """Smoke test of the health wiring: no kernel log (not fatal: cgroup metrics go on) and a cgroup watcher that
-    dies (fatal): /healthz says both with 503 while /metrics still serves the tree, then the process exits 1
-    so that it is restarted."""
+    """Smoke test of the health wiring: no kernel log (not fatal: cgroup metrics go on) and a cgroup watcher
+    that dies (fatal): /healthz says both with 503 while /metrics still serves the tree, then the process
+    exits 1 so that it is restarted."""
     import threading
 
     import oomwatch.agent as agent_module
@@ -178,8 +178,9 @@ def test_a_missing_kernel_log_is_unhealthy_and_named(tmp_path: Path) -> None:
 
 def test_a_refused_device_falls_back_to_syslog(monkeypatch) -> None:
     """An unprivileged container: open("/dev/kmsg") fails with EPERM (device cgroup), syslog(2) works with
-    CAP_SYSLOG. The source reads through syslog(2), its reads are the syslog kind, and the cursor it is given is
-    the syslog one. (What wakes it, and how its reads settle memory.events: tests/test_pipeline_counts.py.)"""
+    CAP_SYSLOG. The source reads through syslog(2), its reads are the syslog kind, and the cursor it is given
+    is the syslog one. (What wakes it, and how its reads settle memory.events: tests/test_pipeline_counts.py.)
+    """
     import errno
 
     import oomwatch.sources.klog as klog_module

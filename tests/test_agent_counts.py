@@ -1,8 +1,8 @@
 """What the agent writes around the pipeline, without its threads: the state file and the events file as sinks
-(oomwatch.sinks) applied to the effects of Pipeline.step() in the agent's order (tests/replay.Replay). State that is
-damaged or shared never crashes a start or loses the file; the events file follows the saved state and stays
-idempotent across a crash; a full disk is named, counted and loses no incident. And the cgroup source goes on
-when one cgroup's event breaks its handler. (The counting itself: tests/test_pipeline_counts.py.)"""
+(oomwatch.sinks) applied to the effects of Pipeline.step() in the agent's order (tests/replay.Replay). State
+that is damaged or shared never crashes a start or loses the file; the events file follows the saved state and
+stays idempotent across a crash; a full disk is named, counted and loses no incident. And the cgroup source
+goes on when one cgroup's event breaks its handler. (The counting itself: tests/test_pipeline_counts.py.)"""
 
 from __future__ import annotations
 
@@ -32,15 +32,16 @@ def events(path: Path) -> list[dict]:
 
 
 def a_life(tmp_path: Path, raw, *, events_file: str = "", state_dir: str = "", after_seq=None) -> Replay:
-    """One start of the agent's writing side: the state loaded (as StateFileSink.load does at start), the sinks
-    started with what it holds, the records read and everything due done; not stopped (a SIGKILL ends it)."""
+    """One start of the agent's writing side: the state loaded (as StateFileSink.load does at start), the
+    sinks started with what it holds, the records read and everything due done; not stopped (a SIGKILL ends
+    it)."""
     state_sink = StateFileSink(StateFile(state_dir or str(tmp_path / "state")))
     store = Store()
     extra = state_sink.load(store, BOOT_ID)
     file_sink = EventsFileSink(EventsFile(events_file or str(tmp_path / "events.jsonl"), hold=True))
     file_sink.start(store.snapshot().incidents)
-    replay = Replay(live_settings(boot_time=BOOT), now=BOOT + 14.0, store=store, accounts=extra.get("accounts"),
-                    sinks=[file_sink], state_sink=state_sink)
+    replay = Replay(live_settings(boot_time=BOOT), now=BOOT + 14.0, store=store,
+                    accounts=extra.get("accounts"), sinks=[file_sink], state_sink=state_sink)
     for items in live_reads(raw, cursor_for_restart(store.to_state()) if after_seq is None else after_seq):
         replay.step(KernelLog(items, drained_at=replay.now + 0.01), replay.now + 0.01)
     replay.settle()
@@ -64,7 +65,7 @@ def test_events_file_lines_follow_the_saved_state(tmp_path: Path) -> None:
     file_sink = EventsFileSink(EventsFile(str(path), hold=True))
     file_sink.start(())
 
-    class Watching(EventsFileSink):  # what the file holds when each incident is handed over and after each save
+    class Watching(EventsFileSink):  # what the file holds at each incident handed over and after each save
         def publish(self, incident) -> None:
             file_sink.publish(incident)
             seen.append(("publish", len(events(path)), saved[0]))
@@ -80,7 +81,7 @@ def test_events_file_lines_follow_the_saved_state(tmp_path: Path) -> None:
         replay.step(KernelLog(items, drained_at=replay.now + 0.01), replay.now + 0.01)
     replay.settle()
     assert [w for w, _, _ in seen].count("publish") == 2 and "flush" in [w for w, _, _ in seen]
-    assert all(lines == in_state for _, lines, in_state in seen), seen  # a line exactly when its state is saved
+    assert all(lines == in_state for _, lines, in_state in seen), seen  # a line once its state is saved
     assert [e["victim"]["pid"] for e in events(path)] == [118, 125]
     file_sink.close()
     state_sink.close()

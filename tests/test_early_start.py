@@ -1,5 +1,5 @@
-"""`oomwatch agent` drains /dev/kmsg before its heavy imports; the kernel-log source takes over that pump and the
-pipeline continues exactly after the saved cursor."""
+"""`oomwatch agent` drains /dev/kmsg before its heavy imports; the kernel-log source takes over that pump and
+the pipeline continues exactly after the saved cursor."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_the_kernel_log_source_takes_over_an_early_pump_and_skips_to_its_cursor(
     seqs = [item.seq for event in emitted for item in event.items if isinstance(item, KmsgRecord)]
     assert seqs == sorted(seqs) and seqs[-1] == 604  # in kernel order, to the last OOM line ...
     last = emitted[-1].items[-1]
-    assert isinstance(last, Skipped) and last.last_seq == seq_of(SCENARIOS[-1])  # ... and the records after it
+    assert isinstance(last, Skipped) and last.last_seq == seq_of(SCENARIOS[-1])  # ... and the rest after it
     replay = Replay(live_settings(skip_upto=521), now=30.0)
     replay.run([KernelLog(event.items, drained_at=30.0) for event in emitted])
     replay.settle()

@@ -22,7 +22,8 @@ PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0;q=0.5,applicati
 
 def test_agent_routes_with_keep_alive(tmp_path: Path) -> None:
     """The HTTP sink as the agent wires it: /metrics from the collector over the pipeline's snapshot (here a
-    replay of the memcg capture over its tree), /incidents from the snapshot, /healthz from the health check."""
+    replay of the memcg capture over its tree), /incidents from the snapshot, /healthz from the health check.
+    """
     from oomwatch.events import KernelLog
     from tests.conftest import BOOT_TIME
     from tests.replay import Replay, live_reads, live_settings, tree_events

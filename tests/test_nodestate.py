@@ -15,7 +15,8 @@ def node() -> NodeState:
 
 
 def local(max_=0, oom=0, oom_kill=0, oom_group_kill=0) -> dict:
-    return {"low": 0, "high": 0, "max": max_, "oom": oom, "oom_kill": oom_kill, "oom_group_kill": oom_group_kill}
+    return {"low": 0, "high": 0, "max": max_, "oom": oom, "oom_kill": oom_kill,
+            "oom_group_kill": oom_group_kill}
 
 
 def test_pids_from_snapshots_forks_and_execs() -> None:
@@ -27,7 +28,7 @@ def test_pids_from_snapshots_forks_and_execs() -> None:
     n.process_forked(parent=13, parent_task=10, child=14)  # runc's CLONE_PARENT: the parent task decides
     assert n.cgroup_of_pid(14) == "/b"
     n.remember_pids("/c", (15,))
-    n.process_forked(parent=10, parent_task=10, child=15)  # what a snapshot saw is never overwritten by a fork
+    n.process_forked(parent=10, parent_task=10, child=15)  # a fork never overwrites what a snapshot saw
     assert n.cgroup_of_pid(15) == "/c"
     n.process_execd(15, "/b/moved")  # an exec: /proc said where it is now
     assert n.cgroup_of_pid(15) == "/b/moved"

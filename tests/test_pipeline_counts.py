@@ -1,9 +1,9 @@
 """memory.events as the count of record, through Pipeline.step() without a thread: the kernel's counters move
 (read by the real cgroup source on a fixture tree, tests/replay.RecordedTree) interleaved with the kernel-log
 records of the real captures as the kernel orders them (counters first, then the lines). Kills the log
-describes are never counted again; kills whose records were lost (overwritten in a storm, or while the agent was
-down) are counted once, across restarts; syslog(2), read only when woken, is read again before a deficit is
-believed."""
+describes are never counted again; kills whose records were lost (overwritten in a storm, or while the agent
+was down) are counted once, across restarts; syslog(2), read only when woken, is read again before a deficit
+is believed."""
 
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ TRAINER = ("ml", "train-0", "trainer", "")  # the container's series labels (nam
 BOOT = 1_000.0
 ZERO = "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n"
 
-# The memcg capture's four incidents: kernel time of the kill, the cgroups whose memory.events.local the kernel
-# moved for it (the golden tree holds their values after all four), and its records (by sequence number).
-MEMCG_INCIDENTS = [(8.549782, ("a",), 0, 515), (13.592309, ("b",), 516, 557), (18.755479, ("p", "p/c1"), 558, 598),
-                   (23.94538, ("q", "q/c1", "q/c2"), 599, 1 << 30)]
+# The memcg capture's four incidents: kernel time of the kill, the cgroups whose memory.events.local the
+# kernel moved for it (the golden tree holds their values after all four), and its records (by sequence
+# number).
+MEMCG_INCIDENTS = [(8.549782, ("a",), 0, 515), (13.592309, ("b",), 516, 557),
+                   (18.755479, ("p", "p/c1"), 558, 598), (23.94538, ("q", "q/c1", "q/c2"), 599, 1 << 30)]
 
 
 def zero_counters(tree: Path) -> None:
@@ -78,7 +79,8 @@ def test_logged_kills_are_not_counted_again_from_memory_events(tmp_path: Path) -
     """The memcg capture's four incidents with the kernel's own counters moving before each: nothing is added,
     and every cgroup's account ends settled at the kernel's values."""
     replay = memcg_run(tmp_path)
-    assert [(i.victim.pid, i.evidence) for i in replay.published] == [(118, "kmsg"), (125, "kmsg"), (132, "kmsg"),
+    assert [(i.victim.pid, i.evidence) for i in replay.published] == [(118, "kmsg"), (125, "kmsg"),
+                                                                        (132, "kmsg"),
                                                                         (139, "kmsg")]
     accounts = replay.pipeline.state()["accounts"]
     for kill_time, cgroups, _, _ in MEMCG_INCIDENTS:
@@ -195,7 +197,8 @@ def test_syslog_reads_again_before_it_believes_the_counters(tmp_path: Path) -> N
     replay.step(KernelLog(list(reader.read_available()), drained_at=replay.now))
     replay.settle()
     assert [i.victim.pid for i in replay.published] == [118, 125]
-    # The third kill (kernel time 18.755 s): the counters move (the cue to read: the ring lacks its lines yet) ...
+    # The third kill (kernel time 18.755 s): the counters move (the cue to read: the ring lacks its lines yet)
+    # ...
     replay.run(move_counters(recorded, tree, ("p", "p/c1")), now=BOOT + 18.76)
     assert recorded.kills == 1
     woken_at = replay.now + 0.01
@@ -208,7 +211,8 @@ def test_syslog_reads_again_before_it_believes_the_counters(tmp_path: Path) -> N
     replay.step(KernelLog(list(reader.read_available()), drained_at=deadline), deadline + 0.01)
     replay.settle()
     recorded.close()
-    assert [(i.victim.pid, i.evidence) for i in replay.published] == [(118, "kmsg"), (125, "kmsg"), (132, "kmsg")]
+    assert [(i.victim.pid, i.evidence) for i in replay.published] == [(118, "kmsg"), (125, "kmsg"),
+                                                                        (132, "kmsg")]
     assert replay.wakes == 1
 
 
@@ -235,15 +239,16 @@ def test_syslog_fallback_is_woken_by_memory_events(tmp_path: Path) -> None:
     replay.step(KernelLog(list(reader.read_available()), drained_at=replay.now + 0.01), replay.now + 0.01)
     replay.settle()
     recorded.close()
-    assert [(i.victim.pid, i.evidence) for i in replay.published] == [(118, "kmsg"), (125, "kmsg"), (132, "kmsg"),
+    assert [(i.victim.pid, i.evidence) for i in replay.published] == [(118, "kmsg"), (125, "kmsg"),
+                                                                        (132, "kmsg"),
                                                                         (139, "kmsg")]
     replay.step(Stop())
     assert replay.saves[-1]["cursor_source"] == "syslog"
 
 
 def test_counter_readings_do_not_pile_up_without_a_kernel_log_processor(tmp_path: Path) -> None:
-    """A saved log replayed, or no kernel log at all: nothing takes the memory.events readings, so none are kept
-    (they would grow with every cgroup and every kill for as long as the agent runs)."""
+    """A saved log replayed, or no kernel log at all: nothing takes the memory.events readings, so none are
+    kept (they would grow with every cgroup and every kill for as long as the agent runs)."""
     tree = k8s_tree(tmp_path)
     recorded = RecordedTree(tree, K8S / "run")
     replay = Replay(live_settings(kmsg_source=None, counting=False), now=BOOT)
@@ -257,7 +262,8 @@ def test_counter_readings_do_not_pile_up_without_a_kernel_log_processor(tmp_path
     assert replay.pipeline.next_deadline() is None and replay.published == []
 
 
-# --- the storm: 30 group cgroups, 5 rounds, headers ratelimited --------------------------------------------------
+# --- the storm: 30 group cgroups, 5 rounds, headers ratelimited
+# --------------------------------------------------
 
 STORM = raw_records(CAPTURES / "linux-6.1-storm-ratelimited.kmsg")
 TASKS_IN = re.compile(rb";Tasks in (/storm/c\d\d) are going")
@@ -277,10 +283,10 @@ def storm_tree(tmp_path: Path) -> Path:
 
 
 def test_a_storm_whose_third_round_was_overwritten_counts_every_group_kill_once(tmp_path: Path) -> None:
-    """The real storm capture, read 32 records at a time; before each read, the kernel's counters of every group
-    killed in it move (oom_kill +3: the victim, its reprint and the member; oom_group_kill +1). The third round's
-    records (kernel time 45–60 s) are overwritten before the reader gets them: its 30 kills come from
-    memory.events, the other 120 from the log, and each cgroup ends with the kernel's 5."""
+    """The real storm capture, read 32 records at a time; before each read, the kernel's counters of every
+    group killed in it move (oom_kill +3: the victim, its reprint and the member; oom_group_kill +1). The
+    third round's records (kernel time 45–60 s) are overwritten before the reader gets them: its 30 kills come
+    from memory.events, the other 120 from the log, and each cgroup ends with the kernel's 5."""
     tree = storm_tree(tmp_path)
     recorded = RecordedTree(tree)
     replay = Replay(live_settings(boot_time=BOOT), now=BOOT)

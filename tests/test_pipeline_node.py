@@ -1,7 +1,7 @@
-"""What the pipeline learns of the node from its sources, without the agent's threads: cgroups that appear, move
-and go (the real cgroup source on a tree), processes placed by /proc inside a cgroup namespace, by fork and by
-cgroup.procs, kills placed by memory.events when the log does not say where, and a group kill that waits for the
-proc connector's witnesses of processes that died without a line."""
+"""What the pipeline learns of the node from its sources, without the agent's threads: cgroups that appear,
+move and go (the real cgroup source on a tree), processes placed by /proc inside a cgroup namespace, by fork
+and by cgroup.procs, kills placed by memory.events when the log does not say where, and a group kill that
+waits for the proc connector's witnesses of processes that died without a line."""
 
 from __future__ import annotations
 
@@ -43,9 +43,10 @@ def workload_paths(replay: Replay) -> set[str]:
 
 
 def test_live_cgroup_changes_are_seen_and_place_a_ratelimited_group_kill(tmp_path: Path) -> None:
-    """The real watcher on its thread sees a cgroup appear (built aside and moved in, as mkdir on cgroupfs gives
-    it with its files), reach its limit, and go; its events, replayed with the kernel's lines of a ratelimited
-    group kill (no header, no summary), make the cgroup a workload, place the kill, and drop its series."""
+    """The real watcher on its thread sees a cgroup appear (built aside and moved in, as mkdir on cgroupfs
+    gives it with its files), reach its limit, and go; its events, replayed with the kernel's lines of a
+    ratelimited group kill (no header, no summary), make the cgroup a workload, place the kill, and drop its
+    series."""
     tree = tmp_path / "cgroup"
     shutil.copytree(GOLDEN / "cgroup", tree)
     got: queue.SimpleQueue = queue.SimpleQueue()
@@ -88,8 +89,9 @@ def test_live_cgroup_changes_are_seen_and_place_a_ratelimited_group_kill(tmp_pat
     replay.run(seen[:changed])
     assert "/jobs/train" in workload_paths(replay) and added < changed
     replay.step(seen[changed], BOOT + 29.9)
-    replay.step(KernelLog(records(killed(900, 30_000_000, 4001, "python3"), tasks_in(901, 30_000_100, "/jobs/train"),
-                                  killed(902, 30_000_200, 4000, "sleep")), drained_at=BOOT + 30.01), BOOT + 30.01)
+    lines = records(killed(900, 30_000_000, 4001, "python3"), tasks_in(901, 30_000_100, "/jobs/train"),
+                    killed(902, 30_000_200, 4000, "sleep"))
+    replay.step(KernelLog(lines, drained_at=BOOT + 30.01), BOOT + 30.01)
     replay.settle()
     (incident,) = replay.published
     assert incident.kind == "group" and incident.group_cgroup == "/jobs/train"
@@ -112,7 +114,8 @@ def test_a_ratelimited_kill_of_an_unseen_process_is_placed_by_memory_events(tmp_
     (tree / "a" / "memory.events.local").write_text("max 60\noom 2\noom_kill 2\noom_group_kill 0\n")
     replay.run(recorded.changed("/a"), now=BOOT + 9.0)
     recorded.close()
-    replay.step(KernelLog(records(killed(700, 9_000_000, 5555, "python3")), drained_at=BOOT + 9.01), BOOT + 9.01)
+    lines = records(killed(700, 9_000_000, 5555, "python3"))
+    replay.step(KernelLog(lines, drained_at=BOOT + 9.01), BOOT + 9.01)
     replay.settle()
     (incident,) = replay.published
     assert (incident.kind, incident.victim.cgroup, incident.oom_cgroup) == ("single", "/a", "/a")
@@ -120,8 +123,8 @@ def test_a_ratelimited_kill_of_an_unseen_process_is_placed_by_memory_events(tmp_
 
 
 def test_proc_cgroup_paths_inside_a_cgroup_namespace_are_made_absolute(tmp_path: Path) -> None:
-    # The agent runs in /kubepods/besteffort/podA/agent; its cgroup namespace shows that as "/", and a victim in
-    # another pod as "/../../../burstable/podB/ctr".
+    # The agent runs in /kubepods/besteffort/podA/agent; its cgroup namespace shows that as "/", and a victim
+    # in another pod as "/../../../burstable/podB/ctr".
     tree = tmp_path / "cgroup"
     me = tree / "kubepods/besteffort/podA/agent"
     me.mkdir(parents=True)
@@ -182,8 +185,8 @@ def test_group_kill_lists_processes_that_died_unlogged(tmp_path: Path) -> None:
 
 
 def test_a_process_never_seen_in_a_cgroup_gets_it_from_its_parent(tmp_path: Path) -> None:
-    """A global OOM gives no memory.events warning to snapshot pids on: the container's init is remembered when
-    its cgroup becomes populated (cgroup.events), and what it forks later inherits that cgroup."""
+    """A global OOM gives no memory.events warning to snapshot pids on: the container's init is remembered
+    when its cgroup becomes populated (cgroup.events), and what it forks later inherits that cgroup."""
     tree = tmp_path / "cgroup"
     shutil.copytree(GOLDEN / "cgroup", tree)
     (tree / "b" / "cgroup.procs").write_text("")

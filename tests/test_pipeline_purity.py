@@ -52,8 +52,8 @@ def no_io(monkeypatch) -> Iterator[None]:
 def test_the_refusal_is_real(monkeypatch, tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     with no_io(monkeypatch):
-        for attempt in (lambda: open(tmp_path / "f"), lambda: (tmp_path / "f").read_text(),
-                        lambda: os.stat(tmp_path), lambda: list(os.scandir(tmp_path)), socket.socket, time.time):
+        for attempt in (lambda: open(tmp_path / "f"), lambda: (tmp_path / "f").read_text(), time.time,
+                        lambda: os.stat(tmp_path), lambda: list(os.scandir(tmp_path)), socket.socket):
             with pytest.raises(Refused):
                 attempt()
     assert (tmp_path / "f").read_text() == "x"  # and it ends with the block
@@ -78,8 +78,8 @@ def test_a_golden_replay_gives_its_incidents_with_io_refused(case: Path, monkeyp
 
 def test_a_live_replay_with_counters_moving_is_the_same_with_io_refused(monkeypatch, tmp_path: Path) -> None:
     """The memcg capture read live, each incident's memory.events moving before its records (as the kernel
-    does), one incident's records lost: kernel log, node state, reconciler, witness queue and saves all run with
-    I/O refused, and give what they give with it allowed."""
+    does), one incident's records lost: kernel log, node state, reconciler, witness queue and saves all run
+    with I/O refused, and give what they give with it allowed."""
     import shutil
 
     from tests.replay import LiveReader, RecordedTree
@@ -114,11 +114,12 @@ def test_a_live_replay_with_counters_moving_is_the_same_with_io_refused(monkeypa
 
 def test_the_pipeline_module_imports_no_source_or_sink() -> None:
     code = ("import sys, oomwatch.pipeline; print('\\n'.join(sorted(m for m in sys.modules if m.startswith("
-            "('oomwatch.sources', 'oomwatch.sinks', 'oomwatch.agent', 'oomwatch.pump', 'oomwatch.statefile')))))")
+            "('oomwatch.sources', 'oomwatch.sinks', 'oomwatch.agent', 'oomwatch.pump', "
+            "'oomwatch.statefile')))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == []
     # and the check sees such an import when there is one
-    code = code.replace("import sys, oomwatch.pipeline", "import sys, oomwatch.pipeline, oomwatch.sources.kmsg")
+    code = code.replace("oomwatch.pipeline;", "oomwatch.pipeline, oomwatch.sources.kmsg;")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert "oomwatch.sources.kmsg" in out.stdout.split()

@@ -1,7 +1,8 @@
-"""The kernel-log cursor through Pipeline.step(), without a thread: the real 6.1 memcg capture read by the live
-reader (tests/replay.live_reads), restarts from the state a pipeline's Effects.save gave (after a SIGKILL: the
-last periodic save; after SIGTERM: the Stop's), records lost while the agent was down, a new boot, the early
-reader that reads the ring from its start, the syslog(2) reader's timestamp cursor, a record that breaks."""
+"""The kernel-log cursor through Pipeline.step(), without a thread: the real 6.1 memcg capture read by the
+live reader (tests/replay.live_reads), restarts from the state a pipeline's Effects.save gave (after a
+SIGKILL: the last periodic save; after SIGTERM: the Stop's), records lost while the agent was down, a new
+boot, the early reader that reads the ring from its start, the syslog(2) reader's timestamp cursor, a record
+that breaks."""
 
 from __future__ import annotations
 
@@ -66,8 +67,8 @@ def test_a_restart_after_sigkill_publishes_each_incident_exactly_once() -> None:
 
 
 def test_a_restart_from_the_same_ring_without_a_cursor_publishes_nothing_twice() -> None:
-    """The reader opened without a cursor (the records read again) but the state restored: the store knows every
-    incident it counted and publishes none again."""
+    """The reader opened without a cursor (the records read again) but the state restored: the store knows
+    every incident it counted and publishes none again."""
     first = Replay(settings(), now=BOOT + 24.0)
     read(first, SCENARIOS)
     first.settle()
@@ -80,8 +81,8 @@ def test_a_restart_from_the_same_ring_without_a_cursor_publishes_nothing_twice()
 
 @pytest.mark.parametrize("ending", ["sigterm", "sigkill"])
 def test_stop_in_the_middle_of_a_group_listing_loses_nothing(ending: str) -> None:
-    # The agent stops after "Tasks in /b" but before the group's kill lines: the incident is unfinished, so the
-    # cursor must stop before it and the next start must read it whole.
+    # The agent stops after "Tasks in /b" but before the group's kill lines: the incident is unfinished, so
+    # the cursor must stop before it and the next start must read it whole.
     first = Replay(settings(quiet=30.0), now=BOOT + 13.6)  # no quiet flush in this life
     read(first, upto(518))
     first.advance_to(first.now + 2.0)  # the periodic save after the single kill was published
@@ -112,8 +113,8 @@ def test_records_overwritten_while_down_are_counted_as_lost() -> None:
     store = second.pipeline.view().store
     assert store.kmsg_lost == 50
     assert victims(second.published) == [118, 125, 132, 139]
-    assert (logging.WARNING, "kernel log: 50 records lost before they could be read (the kernel's memory.events "
-                             "still count their kills)") in second.logs
+    assert (logging.WARNING, "kernel log: 50 records lost before they could be read (the kernel's "
+                             "memory.events still count their kills)") in second.logs
 
 
 def test_new_boot_starts_fresh() -> None:
@@ -181,8 +182,8 @@ def test_a_record_that_breaks_processing_is_skipped_counted_and_said(monkeypatch
 
 
 def test_syslog_restart_publishes_each_incident_once_with_usec_cursors() -> None:
-    """The cursor logic (saved position, `pending - 1` at a stop) on timestamps instead of sequence numbers: the
-    syslog(2) reader's reads of the same capture, its cursor saved as the syslog kind."""
+    """The cursor logic (saved position, `pending - 1` at a stop) on timestamps instead of sequence numbers:
+    the syslog(2) reader's reads of the same capture, its cursor saved as the syslog kind."""
     kernel = FakeKlogctl(syslog_lines(upto_seq=521))  # the first two incidents (single /a, group /b)
     reader = SyslogKmsg(syscall=kernel, fallback_interval=3600)
     reader.open()

@@ -1,5 +1,6 @@
-"""The proc connector: exit events as values and the real netlink connector on this machine. (What the pipeline
-makes of its events, the processes a group kill took down without a kernel log line: tests/test_pipeline_node.py.)"""
+"""The proc connector: exit events as values and the real netlink connector on this machine. (What the
+pipeline makes of its events, the processes a group kill took down without a kernel log line:
+tests/test_pipeline_node.py.)"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The witness queue on its own (oomwatch/witness.py): a group kill waits for the proc connector's exits, what
-follows it waits its turn, and the processes that died by SIGKILL in its group cgroup without a line are named."""
+follows it waits its turn, and the processes that died by SIGKILL in its group cgroup without a line are
+named."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from oomwatch.witness import SIGKILL, WitnessQueue
 def incident(kind: str, seq: int, at: float, pids: tuple[int, ...] = (1,), group: str = "/b") -> Incident:
     killed = tuple(KilledProcess(pid=p, comm="x", cgroup=group) for p in pids)
     return Incident(time=at, boot_id="b", kernel_seq=seq, kind=kind, constraint="memcg", scope="cgroup",
-                    oom_cgroup=group, group_cgroup=group if kind == "group" else None, trigger=None, memory=None,
-                    victim=killed[0], killed=killed, workload=Workload(type="other", cgroup=group),
+                    oom_cgroup=group, group_cgroup=group if kind == "group" else None, trigger=None,
+                    memory=None, victim=killed[0], killed=killed, workload=Workload(type="other", cgroup=group),
                     explanation="before", detected_at=at)
 
 
@@ -63,7 +64,7 @@ def test_sigkilled_processes_of_the_group_cgroup_are_named_once_and_explained() 
 def test_no_witnesses_for_a_single_kill_or_a_listing_cut_short() -> None:
     q = queue()
     q.exited(7, "/b", 100.9)
-    cut = replace(incident("group", 20, 101.0, (5, 6)), killed_count=5000)  # the listing does not say who else
+    cut = replace(incident("group", 20, 101.0, (5, 6)), killed_count=5000)  # does not say who else died
     q.add([incident("single", 10, 101.0), cut], now=101.0)
     single, group = q.due(102.0)
     assert single.died_with == () and group.died_with == () and group.explanation == "before"
