@@ -326,8 +326,10 @@ def test_a_storm_whose_third_round_was_overwritten_counts_every_group_kill_once(
 
 def test_a_tick_at_a_deadline_never_leaves_it_due(tmp_path: Path) -> None:
     """The agent's loop waits for an event until next_deadline() and steps a Tick when none came: a deadline a
-    Tick at that time leaves due makes it spin (0 s waits, a CPU core) until something else changes. Here the
-    memcg capture's last group kill moves memory.events 1 s before its listing may be taken as complete (the
-    1 s quiet of a listing): the reconciler's settle time is due, but the log is not drained past it."""
+    Tick at that time leaves due makes it spin (0 s waits) until something else changes. The memcg capture's
+    last group kill moves memory.events 1 s before its listing may be taken as complete (the 1 s quiet of a
+    listing): the reconciler's settle time comes while the log is not drained past it, and then the quiet
+    deadline itself, last record + quiet, which a Tick at that very time must complete (1023.95538 + 1.0 -
+    1023.95538 < 1.0 in floating point)."""
     replay = memcg_run(tmp_path)
     assert replay.spins == 0, f"{replay.spins} Ticks spun at a deadline that stayed due"
