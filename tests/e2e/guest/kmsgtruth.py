@@ -30,7 +30,7 @@ EXITING = re.compile(
     r"^(?:[\w ()]+: )?OOM victim (?P<pid>\d+) \((?P<comm>.*)\) is already exiting\. Skip killing the task$"
 )
 INVOKED = re.compile(
-    r"^(?P<comm>.*) invoked oom-killer: gfp_mask=\S+, order=-?\d+, oom_score_adj=(?P<adj>-?\d+)$"
+    r"^(?P<comm>.*) invoked oom-killer: gfp_mask=\S+, order=(?P<order>-?\d+), oom_score_adj=(?P<adj>-?\d+)$"
 )
 CPU_PID = re.compile(r"^CPU: \d+ PID: (?P<pid>\d+) Comm: (?P<comm>\S+)")
 MEMCG_USAGE = re.compile(r"^memory: usage (?P<usage>\d+)kB, limit (?P<limit>\d+)kB, failcnt \d+$")
@@ -105,6 +105,7 @@ class Incident:
     victim_uid: int | None = None
     trigger_pid: int | None = None
     trigger_comm: str | None = None
+    trigger_order: int | None = None  # the failed allocation's order (-1: sysrq f)
     usage_kb: int | None = None
     limit_kb: int | None = None
     group_cgroup: str | None = None
@@ -158,7 +159,7 @@ def incidents(records: list[Record]) -> list[Incident]:
         t = r.text
         m = INVOKED.match(t)
         if m:
-            pending_trigger = {"comm": m.group("comm")}
+            pending_trigger = {"comm": m.group("comm"), "order": int(m.group("order"))}
             cur = None  # a new invocation starts
             continue
         m = CPU_PID.match(t)
@@ -184,6 +185,7 @@ def incidents(records: list[Record]) -> list[Incident]:
                 victim_uid=int(m.group("uid")),
                 trigger_pid=pending_trigger.get("pid"),
                 trigger_comm=pending_trigger.get("comm"),
+                trigger_order=pending_trigger.get("order"),
                 usage_kb=pending_trigger.get("usage"),
                 limit_kb=pending_trigger.get("limit"),
             )
