@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Union
 
+from oomwatch.names import as_logged
 from oomwatch.parse.pressure import Pressure
 
 KIB = 1024
@@ -198,8 +199,6 @@ class Workload:
             return (self.namespace or "", self.pod, self.container or "", "")
         if self.cgroup.isascii():
             return ("", "", "", self.cgroup)
-        from oomwatch.workloads.paths import as_logged  # (paths imports this module)
-
         return ("", "", "", as_logged(self.cgroup))
 
     def display_name(self) -> str:

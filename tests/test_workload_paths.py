@@ -22,7 +22,8 @@ from oomwatch.workloads import (
     scope_of,
 )
 from oomwatch.parse.kmsg import unescape
-from oomwatch.workloads.paths import as_logged, kubepods_roots, normalize
+from oomwatch.names import as_logged
+from oomwatch.workloads.paths import kubepods_roots, normalize
 from oomwatch.workloads.runtime import ContainerNames
 
 UID = "0b0c6e1a-7d2f-4c4e-9a1b-3f5e8d2c7a41"

@@ -28,7 +28,7 @@ from oomwatch import __version__
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
 from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, SCOPES, Labels, Snapshot, WorkloadCounters
-from oomwatch.workloads.paths import as_logged
+from oomwatch.names import as_logged
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -64,7 +64,7 @@ class NodeInfo:
 def label_value(value: str) -> str:
     """A name as a label value the text format can carry: it must be UTF-8, and a cgroup name may hold any
     byte but `/`. Bytes that are not UTF-8 (read with surrogate escapes) are written `\\xNN`, as the kernel
-    log writes them (oomwatch.workloads.paths.as_logged; docs/contract.md "Metrics"); every other character,
+    log writes them (oomwatch.names.as_logged; docs/contract.md "Metrics"); every other character,
     control characters included, stays as it is and the exposition escapes only what the format says (`\\`,
     `"`, newline)."""
     return value if value.isascii() else as_logged(value)

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import parse_int, parse_limit, parse_oom_group
 from oomwatch.sources.cgroupfs import CgroupFS, cat
-from oomwatch.workloads.paths import as_logged
+from oomwatch.names import as_logged
 
 # Descriptors left for everything else (HTTP connections, inotify, the kernel log, state files).
 RESERVED_DESCRIPTORS = 1024
