@@ -356,7 +356,7 @@ class Pipeline:
     def _advance(self, fx: Effects) -> None:
         """Whatever is due now: complete quiet incidents, publish, reconcile, move the cursor, save."""
         now, correlator = self._now, self.correlator
-        if correlator.pending and self._caught_up and now - self._last_record >= self._quiet():
+        if correlator.pending and self._caught_up and now >= self._last_record + self._quiet():
             self.witness.add(correlator.flush(), now)  # quiet long enough: an incident still open is complete
         if self.witness.next_due() is not None:
             self._publish(self.witness.due(now), fx)
@@ -384,7 +384,7 @@ class Pipeline:
                 self._export(path, self.node.workloads[path], fx)
             fx.changed = True
         if self._dirty and self.settings.persist and (
-                now - self._saved_at >= SAVE_INTERVAL or (self._caught_up and not correlator.pending)):
+                now >= self._saved_at + SAVE_INTERVAL or (self._caught_up and not correlator.pending)):
             fx.save = self.state()
             self._dirty = False
             self._saved_at = now

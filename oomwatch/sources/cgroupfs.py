@@ -301,6 +301,7 @@ class CgroupWatcher:
         self._freed = False  # watches went away (cgroups removed) since the last retry
         self._said: tuple[bool, bool] = (False, False)  # (starved, unreadable) as last logged
         self._stop_r, self._stop_w = os.pipe()
+        self._closed = False
         self.error: Optional[str] = None
         self.alive = False
         self.callback_errors = 0  # callbacks that raised: logged with their cgroup, the watcher goes on
@@ -451,10 +452,14 @@ class CgroupWatcher:
         return gone
 
     def stop(self) -> None:
-        os.write(self._stop_w, b"x")
+        if not self._closed:  # (a watcher whose run() ended and was closed has nothing to stop)
+            os.write(self._stop_w, b"x")
 
     def close(self) -> None:
-        """Release the inotify descriptor and its watches (after run() has returned)."""
+        """Release the inotify descriptor and its watches (after run() has returned); once."""
+        if self._closed:
+            return
+        self._closed = True
         self._inotify.close()
         for fd in (self._stop_r, self._stop_w):
             os.close(fd)
