@@ -412,20 +412,24 @@ class HttpServer:
             except (BlockingIOError, OSError):
                 pass  # a byte is already waiting, or we are stopping
 
+    def next_deadline(self) -> Optional[float]:
+        """When the loop must wake without an event (monotonic); None: not before an event (an idle server)."""
+        deadlines = [c.deadline for c in self._conns if c.deadline is not None]
+        running = self._running
+        if running is not None and not running.overdue:
+            deadlines.append(running.started + self.limits.write_timeout)
+        if self._checks_waiting and self._check_running is None:
+            deadlines.append(self._check_next_at)
+        if self._pending and running is None:
+            deadlines.append(self._scrape_next_at)
+        deadlines.extend(c.release_at for c in self._held)
+        return min(deadlines) if deadlines else None
+
     def _serve(self) -> None:
         name_os_thread("oomwatch-http")
         while not self._stopping:
-            now = time.monotonic()
-            deadlines = [c.deadline for c in self._conns if c.deadline is not None]
-            running = self._running
-            if running is not None and not running.overdue:
-                deadlines.append(running.started + self.limits.write_timeout)
-            if self._checks_waiting and self._check_running is None:
-                deadlines.append(self._check_next_at)
-            if self._pending and running is None:
-                deadlines.append(self._scrape_next_at)
-            deadlines.extend(c.release_at for c in self._held)
-            timeout = max(0.0, min(deadlines) - now) if deadlines else None  # None: block until an event
+            deadline = self.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())  # None: until an event
             for key, mask in self._sel.select(0 if self._ready else timeout):
                 if key.data is None:
                     self._guarded(self._accept)
@@ -870,12 +874,17 @@ class HttpServer:
             try:
                 content_type, body = self._producer(flight.key)
                 flight.content_type = content_type
-                for chunk in body:
-                    if flight.abandoned:
-                        break
-                    if chunk:
-                        flight.chunks.append(bytes(chunk))
-                        self._wake()
+                try:
+                    for chunk in body:
+                        if flight.abandoned:
+                            break
+                        if chunk:
+                            flight.chunks.append(bytes(chunk))
+                            self._wake()
+                finally:
+                    close = getattr(body, "close", None)
+                    if close is not None:
+                        close()  # a body left unread is closed now: what it holds goes at once
             except Exception as exc:  # reported to the waiting clients as a 500; counted and logged by the loop
                 flight.error = exc
             flight.cpu = time.thread_time() - cpu
