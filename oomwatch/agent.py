@@ -83,6 +83,8 @@ class Agent:
             self.store.boot_id == boot_id and self.store.cursor_source == kind) else None)
         self.cgroups.start()
         self.pipeline = _pipeline(self, boot_id, skip, extra)
+        while not self.events.empty():  # the tree as found, before the first scrape: /metrics is whole from then
+            self._apply(self.pipeline.step(self.events.get_nowait(), self.clock()))
         self.view = self.pipeline.view()  # scrapes see this until it is replaced
         for sink in self.sinks:
             sink.start(self.store.snapshot().incidents)
