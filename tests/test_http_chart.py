@@ -67,16 +67,20 @@ def test_web_config_secret_is_mounted_and_probes_and_scrapes_use_https() -> None
 def test_network_policy_admits_only_the_listed_peers_to_the_metrics_port() -> None:
     from tests.deploy.test_deploy_kubernetes import validate
 
-    objects = render("networkPolicy.enabled=true")
-    policy = one(objects, "NetworkPolicy")
-    validate(policy)
-    daemonset = one(objects, "DaemonSet")
-    assert policy["spec"]["podSelector"]["matchLabels"] == daemonset["spec"]["selector"]["matchLabels"]
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
-    (rule,) = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
-    assert rule["from"] == [{"namespaceSelector": {},
-                             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    prometheus = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    # The chart's own `helm test` pod (tests.enabled, the default) is let in too, from its namespace only.
+    helm_test = {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": "oomwatch",
+                                                 "app.kubernetes.io/component": "helm-test"}}}
+    for values, peers in (("tests.enabled=false", [prometheus]), ("tests.enabled=true", [prometheus, helm_test])):
+        objects = render("networkPolicy.enabled=true", values)
+        policy = one(objects, "NetworkPolicy")
+        validate(policy)
+        daemonset = one(objects, "DaemonSet")
+        assert policy["spec"]["podSelector"]["matchLabels"] == daemonset["spec"]["selector"]["matchLabels"]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        (rule,) = policy["spec"]["ingress"]
+        assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+        assert rule["from"] == peers, values
 
 
 def test_network_policy_without_peers_is_refused() -> None:

@@ -358,8 +358,12 @@ def test_an_idle_server_is_never_woken() -> None:
         assert wait_for(lambda: {t.name for t in threading.enumerate() if t.name.startswith("http")}
                         == {"http", "http-scrape"})
         threads = {t.name: t.native_id for t in threading.enumerate() if t.name.startswith("http")}
-        comm = {name: Path(f"/proc/self/task/{tid}/comm").read_text().strip() for name, tid in threads.items()}
-        assert comm == {"http": "oomwatch-http", "http-scrape": "oomwatch-scrape"}  # named for top -H
+
+        def comm() -> dict[str, str]:
+            return {name: Path(f"/proc/self/task/{tid}/comm").read_text().strip() for name, tid in threads.items()}
+
+        # named for top -H (each thread names itself as it starts)
+        assert wait_for(lambda: comm() == {"http": "oomwatch-http", "http-scrape": "oomwatch-scrape"}), comm()
         server = sink.server
         assert server.next_deadline() is None  # idle: epoll_wait without a timeout
         conn = http.client.HTTPConnection(*sink.address, timeout=5)
