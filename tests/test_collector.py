@@ -75,6 +75,8 @@ WORKLOAD_FAMILIES = [
 NODE_FAMILIES = [
     ("oomwatch_node_oom_kills_total", "counter", ("kind", "scope")),
     ("oomwatch_node_info", "gauge", ("cgroup_version", "kernel", "single_process_oom_kill")),
+    ("oomwatch_workload_job_info", "gauge",
+     ("cgroup", "job_kind", "job_name", "namespace", "owner_kind", "owner_name", "pod")),
     ("oomwatch_kmsg_records_total", "counter", ()),
     ("oomwatch_kmsg_lost_records_total", "counter", ()),
     ("oomwatch_kmsg_parse_errors_total", "counter", ()),
@@ -123,10 +125,10 @@ class ReferenceCollector:
     docstring)."""
 
     def __init__(self, store, live_workloads, node_info, cgroup_parse_errors=None, not_exported=0,
-                 agent_status=None) -> None:
+                 agent_status=None, workloads=None) -> None:
         self.store, self.live_workloads, self.node_info = store, live_workloads, node_info
         self.cgroup_parse_errors, self.not_exported = cgroup_parse_errors, not_exported
-        self.agent_status = agent_status
+        self.agent_status, self.workloads = agent_status, workloads
 
     def collect(self):
         snap = self.store.snapshot()
@@ -143,7 +145,8 @@ class ReferenceCollector:
             yield metric
         view = NodeView(snap=snap, info=self.node_info(), not_exported=self.not_exported,
                         cgroup_parse_errors=self.cgroup_parse_errors() if self.cgroup_parse_errors else None,
-                        agent=self.agent_status() if self.agent_status else None)
+                        agent=self.agent_status() if self.agent_status else None,
+                        workloads=self.workloads() if self.workloads else None)
         for family in FAMILIES:
             if family.source != "node" or family.samples(view) is None:
                 continue
@@ -561,6 +564,10 @@ BOUNDED_LABELS: dict[str, object] = {
     "version": {__version__},
     "check": set(AGENT_CHECKS),
     "reason": set(UNWATCHED_REASONS),
+    # oomwatch_workload_job_info: names the API server or Slurm gave, one per job or owner of an exported
+    # workload (tests/test_job_info.py: 10,000 pods in 1,000 jobs give 1,000 job names)
+    **dict.fromkeys(("job_kind", "owner_kind"), "one per kind of job or owner in the cluster (JobSet, Job, ...)"),
+    **dict.fromkeys(("job_name", "owner_name"), "one per job or owner of a workload with series"),
 }
 
 

@@ -25,7 +25,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from oomwatch import __version__
-from oomwatch.model import CgroupStats
+from oomwatch.model import CgroupStats, Workload
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
 from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, SCOPES, Labels, Snapshot, WorkloadCounters
 from oomwatch.names import as_logged
@@ -127,6 +127,9 @@ class NodeView:
     cgroup_parse_errors: Optional[int]
     not_exported: int
     agent: Optional[AgentStatus] = None  # None: not an agent (a collector over a replay, a tool)
+    # The pipeline's View.workloads, (cgroup, series labels, Workload) of each live workload with series: what
+    # oomwatch_workload_job_info reads. None: not given (that family is left out).
+    workloads: Optional[Sequence[tuple[str, Labels, Any]]] = None
 
 
 def _agent(samples: Callable[[AgentStatus], list]) -> Callable[[NodeView], Optional[list]]:
@@ -207,6 +210,45 @@ def _node_info(view: NodeView) -> list[NodeSample]:
                                     "single_process_oom_kill": info.single_process_oom_kill}, 1.0)]
 
 
+# oomwatch_workload_job_info (issue 22): the job each kill broke, joinable with every per-workload series on
+# namespace/pod (Kubernetes; one series per pod) or cgroup (a Slurm job or step). Bounded: at most one series
+# per workload with series (so within the store's cap of 20,000), each label one value per job, owner or workload.
+JOB_INFO_LABELS = ("cgroup", "job_kind", "job_name", "namespace", "owner_kind", "owner_name", "pod")
+
+
+def job_info_labels(workloads: Iterable[tuple[str, Labels, Workload]]) -> list[dict[str, str]]:
+    """The label sets of oomwatch_workload_job_info, in label order: a Kubernetes pod whose controlling owner or
+    training job is known (job_kind/job_name: its training or batch job, else its controlling owner; owner_*:
+    the controlling owner), and each Slurm job or step cgroup (job_kind SlurmJob, job_name the job id)."""
+    out: dict[tuple[str, str, str], dict[str, str]] = {}
+    for _path, labels, workload in workloads:
+        namespace, pod, _container, cgroup = labels
+        owner = workload.owner or {}
+        if workload.is_kubernetes and pod:
+            job = workload.job or owner
+            if not job:
+                continue
+            key = (namespace, pod, "")
+        elif workload.type == "slurm" and workload.slurm_job:
+            job, key = {"kind": "SlurmJob", "name": workload.slurm_job}, ("", "", cgroup)
+        else:
+            continue
+        series = {"cgroup": key[2], "job_kind": job.get("kind", ""), "job_name": job.get("name", ""),
+                  "namespace": key[0], "owner_kind": owner.get("kind", ""), "owner_name": owner.get("name", ""),
+                  "pod": key[1]}
+        # One series per pod (its containers share it); were two of its cgroups told different jobs (the API
+        # server answered between them), the least in label order, whatever the order they come in.
+        if key not in out or tuple(series.values()) < tuple(out[key].values()):
+            out[key] = series
+    return [out[key] for key in sorted(out)]
+
+
+def _job_info(view: NodeView) -> Optional[list[NodeSample]]:
+    if view.workloads is None:
+        return None
+    return [("oomwatch_workload_job_info", labels, 1.0) for labels in job_info_labels(view.workloads)]
+
+
 def _latency(view: NodeView) -> list[NodeSample]:
     # The store keeps cumulative (`le`) counts, as the exposition wants them.
     snap = view.snap
@@ -253,6 +295,10 @@ FAMILIES: tuple[Family, ...] = (
                                  for (kind, scope), n in sorted(view.snap.node_kills.items())]),
     Family("oomwatch_node_info", "gauge", "The node's OOM posture.", "node",
            labels=("cgroup_version", "kernel", "single_process_oom_kill"), samples=_node_info),
+    Family("oomwatch_workload_job_info", "gauge", "The job of a workload (1): a Kubernetes pod's training or batch "
+           "job, else its controlling owner (job_kind, job_name), and that owner (owner_kind, owner_name); a Slurm "
+           "job or step's job (SlurmJob, its id). Join on namespace and pod, or on cgroup.", "node",
+           labels=JOB_INFO_LABELS, samples=_job_info),
     _counter("oomwatch_kmsg_records_total", "Kernel log records read.", lambda v: v.snap.kmsg_records),
     _counter("oomwatch_kmsg_lost_records_total", "Kernel log records overwritten before oomwatch could read "
              "them.", lambda v: v.snap.kmsg_lost),
@@ -382,8 +428,10 @@ class OomwatchCollector:
     def __init__(self, store: Any, live_workloads: Callable[[], Iterable[tuple[Labels, CgroupStats]]],
                  node_info: Callable[[], NodeInfo], *,
                  cgroup_parse_errors: Optional[Callable[[], int]] = None, drop: Iterable[str] = (),
-                 agent_status: Optional[Callable[[], AgentStatus]] = None) -> None:
+                 agent_status: Optional[Callable[[], AgentStatus]] = None,
+                 workloads: Optional[Callable[[], Sequence[tuple[str, Labels, Any]]]] = None) -> None:
         self._store = store
+        self._workloads = workloads  # the View's workloads, for oomwatch_workload_job_info (None: left out)
         self._agent_status = agent_status
         self._live_workloads = live_workloads
         self._node_info = node_info
@@ -545,7 +593,8 @@ class OomwatchCollector:
         parse_errors = self._cgroup_parse_errors() if self._cgroup_parse_errors else None
         view = NodeView(snap=snap, info=self._node_info(), not_exported=self.not_exported,
                         cgroup_parse_errors=parse_errors,
-                        agent=self._agent_status() if self._agent_status is not None else None)
+                        agent=self._agent_status() if self._agent_status is not None else None,
+                        workloads=self._workloads() if self._workloads is not None else None)
         out = []
         for family in self.families:
             if family.source == "node":
