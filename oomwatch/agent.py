@@ -10,6 +10,7 @@ The main thread waits for SIGTERM/SIGINT or a source that failed for good, then 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import threading
@@ -237,7 +238,8 @@ def _pipeline(agent: Agent, boot_id: str, skip: Optional[int], extra: dict) -> P
     settings = Settings(boot_id=boot_id, boot_time=config.boot_time or host_boot_time(),
                         kmsg_source=kernel_log.kind, counting=kernel_log.kind is not None,
                         quiet=config.quiet_seconds, witness_wait=0.5 if config.proc_connector else 0.0,
-                        persist=agent.state is not None, skip_upto=skip, saved_log=kernel_log.saved)
+                        persist=agent.state is not None, skip_upto=skip, saved_log=kernel_log.saved,
+                        page_size=None if kernel_log.saved else os.sysconf("SC_PAGE_SIZE"))
     resolver = WorkloadResolver(RuntimeNames(read_files=False), agent.pod_index, layout=agent.layout)
     return Pipeline(settings, agent.store, resolver, now=agent.clock(), accounts=extra.get("accounts"),
                     single_process_oom_kill=agent.posture.single_process_oom_kill(),

@@ -47,7 +47,9 @@ from oomwatch.model import (
     OomSuppressed,
     Workload,
 )
+from oomwatch.holders import held_memory
 from oomwatch.parse.oom import OomReaped, parse_oom_line
+from oomwatch.parse.prefilter import REPORT_RECORDS_MAX
 
 # Lines that should have parsed as OOM lines: when they do not, the kernel format changed under us.
 _OOM_MARKERS = ("Killed process", "oom-kill:", "invoked oom-killer", "memory.oom.group set", "OOM victim")
@@ -142,6 +144,9 @@ class _Builder:
     exiting: list[dict] = field(default_factory=list)
     last_was_new_kill: bool = False
     partial: bool = False  # began right after lost records: its first lines (the victim's) may be gone
+    # The texts of a full report's records from its `invoked oom-killer` line to its summary that are no OOM
+    # line: its stats block and task table among them (what held the memory). None: no such line came.
+    memory_texts: Optional[list[str]] = None
 
     def add(self, kill: _Kill) -> None:
         self.kills.append(kill)
@@ -187,6 +192,7 @@ class Correlator:
         view: Optional[NodeView] = None,
         detected_clock: Callable[[], float] = lambda: 0.0,
         live: bool = True,
+        page_size: Optional[int] = None,
     ) -> None:
         self.boot_id = boot_id
         self.boot_time = boot_time
@@ -196,6 +202,7 @@ class Correlator:
         self._view: NodeView = view or BlindView()
         self._detected_clock = detected_clock
         self._live = live  # records from the live kernel log (a saved log's incidents carry no latency)
+        self._page_size = page_size  # of the task table's pages: this host's; None: told from the report
         self._open: Optional[_Builder] = None
         self._held: Optional[Incident] = None
         self._held_first_seq: Optional[int] = None
@@ -225,6 +232,8 @@ class Correlator:
         if line is None:
             if any(marker in record.text for marker in _OOM_MARKERS):
                 self.stats.parse_errors += 1
+            else:
+                self._memory_text(record)
             return self._drain()
         if record.priority >> 3 != KERNEL_FACILITY:
             self.stats.rejected += 1
@@ -244,7 +253,7 @@ class Correlator:
         elif kind is OomInvoked:
             self._finish()
             self._last_group_victim = None  # a new report: the last listing is over
-            self._open = self._began(_Builder(first_seq=record.seq, invoked=line), True)
+            self._open = self._began(_Builder(first_seq=record.seq, invoked=line, memory_texts=[]), True)
         elif kind is OomStackTask:
             if b is not None and b.invoked is not None and b.stack_task is None and not b.kills:
                 b.stack_task = line
@@ -283,6 +292,15 @@ class Correlator:
         if self._open is not None:
             self._open.last_was_new_kill = False
         return self._drain() if self._out else []
+
+    def _memory_text(self, record: KmsgRecord) -> None:
+        """A line of the open report's memory part (kept until it is built), if it is one: the kernel's own
+        (a process writing to /dev/kmsg must not plant task rows), after the report's first line and before
+        its summary and kills."""
+        b = self._open
+        if (b is not None and b.memory_texts is not None and b.summary is None and not b.kills
+                and record.priority >> 3 == KERNEL_FACILITY and len(b.memory_texts) < REPORT_RECORDS_MAX):
+            b.memory_texts.append(record.text)
 
     def skipped(self, count: int, last_seq: Optional[int]) -> None:
         """`count` records the reader's pre-filter found no OOM words in (read, not parsed)."""
@@ -546,6 +564,15 @@ class Correlator:
             partial=b.partial,
             group_inferred=b.group_inferred,
         )
+        if b.memory_texts:
+            held = held_memory(b.memory_texts, limit_bytes=memory["limit_bytes"] if memory else None,
+                               killed_pids=[p.pid for p in killed], page_size=self._page_size,
+                               victim_rss_bytes=_rss_bytes(victim),
+                               oom_cgroup=b.summary.oom_cgroup if b.summary is not None else None)
+            for name in ("memory_breakdown", "verdict", "verdict_sentence"):
+                _set(incident, name, held[name])
+            _set(incident, "top_holders", tuple(held["top_holders"]))
+            _set(incident, "pools", tuple(held["pools"]))
         _set(incident, "explanation", self._explain(incident))  # just made, not shared yet (explained whole)
         if len(killed) > MAX_KILLED_LISTED:
             per_cgroup = incident.killed_per_cgroup()
@@ -576,3 +603,9 @@ class Correlator:
             pid=line.pid, comm=line.comm, cgroup=cgroup, uid=line.uid, total_vm_bytes=line.total_vm_bytes,
             anon_rss_bytes=line.anon_rss_bytes, file_rss_bytes=line.file_rss_bytes,
             shmem_rss_bytes=line.shmem_rss_bytes, oom_score_adj=line.oom_score_adj)
+
+
+def _rss_bytes(p: KilledProcess) -> Optional[int]:
+    """The rss its kill line printed (anon + file + shmem), or None."""
+    parts = (p.anon_rss_bytes, p.file_rss_bytes, p.shmem_rss_bytes)
+    return None if any(v is None for v in parts) else sum(parts)  # type: ignore[arg-type]

@@ -5,14 +5,18 @@ change. Pure: values in, values out. Unknown is None, never guessed.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from oomwatch.parse.memstat import MemoryStat, NodeMemInfo, TaskRow
+from oomwatch.parse.memstat import MemoryStat, NodeMemInfo, TaskRow, memory_reports
 
 BREAKDOWN_KEYS = (
     "anon_bytes", "file_bytes", "file_dirty_bytes", "file_writeback_bytes", "shmem_bytes", "kernel_bytes",
     "sock_bytes", "unevictable_bytes",
 )
+# oomwatch_last_oom_kill_memory_bytes{type}: the breakdown's parts that do not overlap (dirty and writeback are
+# part of file), by the label value they are exported under.
+MEMORY_TYPES = {"anon": "anon_bytes", "file": "file_bytes", "shmem": "shmem_bytes", "kernel": "kernel_bytes",
+                "sock": "sock_bytes", "unevictable": "unevictable_bytes"}
 VERDICTS = ("shmem", "process", "pool", "file", "unevictable", "kernel", "sock", "unknown")
 TOP_HOLDERS = 5  # the issue's "five largest": enough to name the culprit, short enough for an Event
 
@@ -232,3 +236,59 @@ def verdict(parts: Optional[Mapping[str, Optional[int]]], holders: Sequence[Mapp
                         "larger limit")
     return "unknown", ("no one kind of memory, process or pool of processes held half of the limit"
                        if limit_bytes else "no one kind of memory, process or pool held half of the memory")
+
+
+POOLS_KEPT = 3  # an incident names its largest pools; the verdict needs only the first
+PAGE_SIZES = (4096, 16384, 65536)  # x86-64 and arm64's base page sizes
+
+
+def memory_by_type(parts: Optional[Mapping[str, Any]]) -> Optional[dict[str, int]]:
+    """A breakdown's known parts by MEMORY_TYPES label value (None: no breakdown)."""
+    if not parts:
+        return None
+    return {name: parts[key] for name, key in MEMORY_TYPES.items() if isinstance(parts.get(key), int)}
+
+
+def page_size_of(rows: Sequence[TaskRow], victim_pid: Optional[int], victim_rss_bytes: Optional[int]
+                 ) -> Optional[int]:
+    """The page size the task table's pages are in, told from the victim's own row: its kill line printed
+    the same rss in kB (anon + file + shmem). None when the row or the kill line's sizes are missing, or the
+    ratio is no page size (the victim's memory changed between the table and the kill line)."""
+    if victim_pid is None or not victim_rss_bytes:
+        return None
+    row = next((r for r in rows if r.pid == victim_pid), None)
+    if row is None or not row.rss_pages:
+        return None
+    ratio = victim_rss_bytes / row.rss_pages
+    return next((size for size in PAGE_SIZES if abs(ratio - size) <= 0.1 * size), None)
+
+
+def held_memory(texts: Iterable[str], *, limit_bytes: Optional[int], killed_pids: Sequence[int],
+                page_size: Optional[int], victim_rss_bytes: Optional[int] = None,
+                oom_cgroup: Optional[str] = None, tmpfs_volumes: Sequence[str] = ()) -> dict:
+    """What held the memory, from the texts of one report's records between its `invoked oom-killer` line and
+    its kill line: {"memory_breakdown": {source, age_seconds, BREAKDOWN_KEYS…} | None, "top_holders": […],
+    "pools": […], "verdict": VERDICTS, "verdict_sentence": str}. `page_size`: the task table's pages (the
+    agent's own; None for a pasted log: told from the victim's row, else the rows are left out).
+    `killed_pids`: the victim first. `oom_cgroup`: the cgroup the report's summary names; stats of another
+    cgroup (lines of two reports mixed) are not this kill's, and are left out."""
+    report = next(iter(memory_reports(texts)), None)
+    if report is not None and report.stats is not None and oom_cgroup and report.cgroup not in (None, oom_cgroup):
+        report = report._replace(stats=None)
+    parts: Optional[dict] = None
+    holders: list[dict] = []
+    pools_: list[dict] = []
+    if report is not None:
+        rows = report.tasks
+        size = page_size or page_size_of(rows, killed_pids[0] if killed_pids else None, victim_rss_bytes)
+        if report.stats is not None:
+            parts = {"source": "kmsg", "age_seconds": 0.0, **(breakdown(report.stats) or {})}
+        elif report.meminfo is not None and size is not None:
+            parts = {"source": "meminfo", "age_seconds": 0.0, **(breakdown(report.meminfo, size) or {})}
+        if size is not None and rows:
+            holders = top_holders(rows, size, killed_pids, limit_bytes)
+            pools_ = pools(rows, size, killed_pids, limit_bytes)[:POOLS_KEPT]
+    sizes = {k: parts.get(k) for k in BREAKDOWN_KEYS} if parts else None
+    name, sentence = verdict(sizes, holders, pools_, limit_bytes, tmpfs_volumes)
+    return {"memory_breakdown": parts, "top_holders": holders, "pools": pools_, "verdict": name,
+            "verdict_sentence": sentence}

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Optional
 from oomwatch.config import Config
 from oomwatch.correlator import is_within, oom_group_ancestor
 from oomwatch.explain import explain, size
+from oomwatch.holders import human_bytes
 from oomwatch.model import CgroupStats, Incident, KmsgRecord
 from oomwatch.node import (
     NodePosture,
@@ -706,6 +707,8 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         out.extend(_wrap(inc["explanation"], width, indent="    ", keep=_names_in(inc)))
         pids = ", ".join(f"{p['comm']}({p['pid']})" for p in killed)
         out.extend(_wrap(f"killed: {pids}", width, indent="    "))
+        for line in held_lines(inc):
+            out.extend(_wrap(line, width, indent="    "))
         if inc.get("exiting"):
             ex = ", ".join(f"{p['comm']}({p['pid']})" for p in inc["exiting"])
             out.extend(_wrap(f"already exiting, died with it: {ex}", width, indent="    "))
@@ -716,6 +719,34 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
         parts = ", ".join(f"{name} {n}" for name, n in not_shown["by_workload"].items())
         out.extend(_wrap(f"{not_shown['count']} older kills not shown (--limit); by workload: {parts}", width))
     return "\n".join(out) + "\n"
+
+
+_BREAKDOWN_SHOWN = (("anon_bytes", "anon"), ("file_bytes", "file"), ("shmem_bytes", "shmem (tmpfs)"),
+                    ("kernel_bytes", "kernel"), ("sock_bytes", "sock"), ("unevictable_bytes", "unevictable"))
+
+
+def held_lines(inc: dict) -> list[str]:
+    """What held the memory at the kill (issue 21), in two lines at most: the breakdown's non-zero parts, then
+    the largest processes and pools of same-named ones; or that the log does not say. The verdict's sentence
+    is in the explanation."""
+    parts, holders, pools = inc.get("memory_breakdown"), inc.get("top_holders") or [], inc.get("pools") or []
+    if parts is None and not holders:
+        return ["what held the memory: not in the log (its report was ratelimited or lost)"]
+    out = []
+    if parts is not None:
+        where = {"kmsg": "the kernel's stats", "meminfo": "the node's counters"}.get(
+            parts.get("source"), f"memory.stat {parts.get('age_seconds')} s before")
+        sizes = ", ".join(f"{name} {human_bytes(parts[key])}" for key, name in _BREAKDOWN_SHOWN if parts.get(key))
+        dirty = (parts.get("file_dirty_bytes") or 0) + (parts.get("file_writeback_bytes") or 0)
+        out.append(f"memory at the kill ({where}): {sizes or 'nothing charged'}"
+                   + (f" ({human_bytes(dirty)} of file dirty or under writeback)" if dirty else ""))
+    named = [f"{h['comm']}({h['pid']}) {human_bytes(h['rss_bytes'])}" + (" killed" if h.get("killed") else "")
+             for h in holders if h.get("rss_bytes") is not None]
+    pooled = [f"{p['processes']} × {p['comm']} {human_bytes(p['rss_bytes'])}" for p in pools
+              if p.get("rss_bytes") is not None]
+    if named or pooled:
+        out.append("largest: " + "; ".join(x for x in (", ".join(named), ", ".join(pooled)) if x))
+    return out
 
 
 def _names_in(inc: dict) -> list[Optional[str]]:

@@ -279,6 +279,12 @@ class Incident:
     # A group kill of thousands of processes keeps the first MAX_KILLED_LISTED of `killed`; these stay exact:
     killed_count: Optional[int] = None  # processes killed (None: len(killed), the list is whole)
     killed_cgroups: tuple[tuple[str, int], ...] = ()  # processes killed per cgroup, when the list is cut
+    # What held the memory (oomwatch.holders, from the report's stats block and task table; docs/contract.md):
+    memory_breakdown: Optional[dict[str, Any]] = None  # None: not in the log, and no reading from before the kill
+    top_holders: tuple[dict[str, Any], ...] = ()  # the largest tasks, largest first (at most 5)
+    pools: tuple[dict[str, Any], ...] = ()  # same-named tasks summed, largest first (at most 3)
+    verdict: str = "unknown"
+    verdict_sentence: Optional[str] = None  # what held it and what to change (part of the explanation)
 
     @property
     def killed_truncated(self) -> bool:
@@ -336,6 +342,10 @@ class Incident:
             "detected_at": iso8601(self.detected_at),
             "latency_seconds": None if self.latency_seconds is None else round(self.latency_seconds, 6),
             "evidence": self.evidence,
+            "memory_breakdown": self.memory_breakdown,
+            "top_holders": list(self.top_holders),
+            "pools": list(self.pools),
+            "verdict": self.verdict,
         }
         if self.window_start is not None:
             out["window_start"] = iso8601(self.window_start)

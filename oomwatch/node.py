@@ -4,6 +4,7 @@ and how kernel records become incidents here. Neither command's wiring lives her
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import replace
 from typing import Callable, Iterator, Optional
@@ -123,6 +124,7 @@ def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolve
                     posture_single: Callable[[], str], view: Optional[NodeView] = None,
                     cgroup_of_pid: Optional[Callable[[int], Optional[str]]] = None,
                     clock: Callable[[], float] = time.time, live: bool = True) -> Correlator:
+    """`live`: this host's kernel log (its task tables are in this host's pages), else a saved one."""
     if view is None:
         view = PidView(cgroup_of_pid) if cgroup_of_pid is not None else BlindView()
     return Correlator(
@@ -134,6 +136,7 @@ def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolve
         view=view,
         detected_clock=clock,
         live=live,
+        page_size=os.sysconf("SC_PAGE_SIZE") if live else None,
     )
 
 

@@ -87,6 +87,7 @@ class Settings:
     persist: bool = False  # a state directory is kept
     skip_upto: Optional[int] = None  # an early reader read the ring from its start: records up to here are done
     saved_log: bool = False  # a saved log is replayed: its cursor is its records' place in it ("file")
+    page_size: Optional[int] = None  # the task table's page size (this host's); None: told from each report
 
 
 class Pipeline:
@@ -104,7 +105,8 @@ class Pipeline:
         self.correlator = Correlator(boot_id=settings.boot_id, boot_time=settings.boot_time,
                                      resolve_workload=resolver.resolve, scope_of=resolver.layout.scope_of,
                                      explain=self._explain,
-                                     view=self.node, detected_clock=lambda: self._now, live=live)
+                                     view=self.node, detected_clock=lambda: self._now, live=live,
+                                     page_size=settings.page_size)
         self.witness = WitnessQueue(explain=self._explain, wait=settings.witness_wait if live else 0.0)
         self.reconciler = Reconciler(self._counted_incident)
         self.reconciler.load_state(accounts or {})

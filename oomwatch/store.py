@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
 
+from oomwatch.holders import MEMORY_TYPES, memory_by_type
 from oomwatch.model import Incident
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class WorkloadCounters:
     last_kill: Optional[float] = None
     gone_since: Optional[float] = None  # set when its cgroup disappears; dropped after the grace period
     last_incident: Optional[tuple[str, str, str]] = None  # (kind, scope, explanation) of its last incident
+    last_memory: Optional[Mapping[str, int]] = None  # what held the memory at its last incident, by type
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ class Store:
             counters.kills, counters.killed = kills, killed
             if incident.time >= (counters.last_kill or 0.0):
                 counters.last_incident = (incident.kind, incident.scope, incident.explanation[:MAX_EXPLANATION])
+                counters.last_memory = memory_by_type(incident.memory_breakdown)
             counters.last_kill = max(counters.last_kill or 0.0, incident.time)
             if counters.gone_since is not None:
                 counters.gone_since = self._clock()  # an incident keeps a gone workload visible a while
@@ -235,7 +238,8 @@ class Store:
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
-            workloads={k: WorkloadCounters(v.kills, v.killed, v.last_kill, v.gone_since, v.last_incident)
+            workloads={k: WorkloadCounters(v.kills, v.killed, v.last_kill, v.gone_since, v.last_incident,
+                                           v.last_memory)
                        for k, v in self._workloads.items()},
             node_kills=dict(self._node_kills),
             incidents=tuple(self._incidents),
@@ -262,6 +266,7 @@ class Store:
             "workloads": [{"labels": list(k), "kills": dict(v.kills), "killed": dict(v.killed),
                            "last_kill": v.last_kill,
                            "last_incident": list(v.last_incident) if v.last_incident else None,
+                           "last_memory": dict(v.last_memory) if v.last_memory is not None else None,
                            "gone_since": v.gone_since} for k, v in self._workloads.items()],
             "node_kills": [[k, s, n] for (k, s), n in self._node_kills.items()],
             "incidents": list(self._incidents),
@@ -289,6 +294,10 @@ class Store:
             v.expect(last_incident is None or (isinstance(last_incident, list) and len(last_incident) == 3 and all(
                 isinstance(x, str) and len(x) <= MAX_EXPLANATION for x in last_incident)), "last_incident")
             c.last_incident = tuple(last_incident) if last_incident else None
+            last_memory = entry.get("last_memory")  # absent in a state written before issue 21
+            v.expect(last_memory is None or (isinstance(last_memory, dict) and all(
+                k in MEMORY_TYPES and _is_count(n) for k, n in last_memory.items())), "last_memory")
+            c.last_memory = dict(last_memory) if last_memory is not None else None
             c.gone_since = v.time(entry, "gone_since")
             workloads[labels] = c
         node = {(k, s): 0 for k in KINDS for s in SCOPES}

@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from oomwatch import __version__
+from oomwatch.holders import MEMORY_TYPES
 from oomwatch.model import CgroupStats, Incident, KilledProcess, Workload
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
 from oomwatch.sinks.collector import (
@@ -64,6 +65,7 @@ WORKLOAD_FAMILIES = [
     ("oomwatch_oom_killed_processes_total", "counter", ("role",)),
     ("oomwatch_last_oom_kill_timestamp_seconds", "gauge", ()),
     ("oomwatch_last_oom_kill_info", "gauge", ("kind", "scope")),
+    ("oomwatch_last_oom_kill_memory_bytes", "gauge", ("type",)),
     ("oomwatch_memory_oom_group", "gauge", ()),
     ("oomwatch_memory_limit_bytes", "gauge", ()),
     ("oomwatch_memory_usage_bytes", "gauge", ()),
@@ -564,6 +566,7 @@ BOUNDED_LABELS: dict[str, object] = {
     "version": {__version__},
     "check": set(AGENT_CHECKS),
     "reason": set(UNWATCHED_REASONS),
+    "type": set(MEMORY_TYPES),
     # oomwatch_workload_job_info: names the API server or Slurm gave, one per job or owner of an exported
     # workload (tests/test_job_info.py: 10,000 pods in 1,000 jobs give 1,000 job names)
     **dict.fromkeys(("job_kind", "owner_kind"), "one per kind of job or owner in the cluster (JobSet, Job, ...)"),

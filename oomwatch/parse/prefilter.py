@@ -10,7 +10,7 @@ tests/test_lost_lines.py checks that on every captured record and every line of 
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 # How every line parse_oom_line knows begins (it anchors them at the start of the text); the one it finds in the
 # middle (`<comm> invoked oom-killer: `) is looked for with a substring search, several times faster than a
@@ -38,3 +38,50 @@ def skippable_seq(raw: bytes, _match=_RECORD.match) -> Optional[int]:
 def could_be_oom(raw: bytes) -> bool:
     """Whether a raw record must be parsed: it may be an OOM line, or is not a well-formed record."""
     return skippable_seq(raw) is None
+
+
+# A full report's memory part, which issue 21 reads (what held the memory), is made of lines with no OOM words:
+# `Memory cgroup stats for` and its block (one record on 6.1, a record per line on 6.12), `Mem-Info:` and the
+# node's counters, the task table (its title, or its column header alone on 3.10). The kernel prints them after
+# the report's stack trace and before its `oom-kill:` summary (or its kill line, before 4.19), and only for
+# reports its ratelimit lets through (at most 10 in 5 s): the stack and registers stay skipped, and what is
+# passed is a handful of records per report plus the task rows.
+_MEMORY_START = re.compile(rb"\d{1,20},\d{1,19},[^;]*;(?:Memory cgroup stats for |Mem-Info:|Tasks state |\[  pid  \])")
+_REPORT_END = (b"oom-kill:", b"Memory cgroup out of memory", b"Out of memory", b"Killed process")
+# A report whose end never comes (a ring that wrapped) stops passing records after this many: a task table's
+# rows (oomwatch.parse.memstat.MAX_TASK_ROWS) and the rest of the report.
+REPORT_RECORDS_MAX = (1 << 16) + 4096
+_OUTSIDE, _HEAD, _MEMORY = 0, 1, 2  # where in a report the reader is
+
+
+def report_skipper() -> Callable[[bytes], Optional[int]]:
+    """A `skippable_seq` with memory: it also keeps the memory part of a report (its stats block or node
+    counters and its task table, up to its summary or kill line). One per reader: a report can span two
+    reads."""
+    phase = _OUTSIDE
+    passed = 0
+
+    def skip(raw: bytes, _match=_RECORD.match, _invoked=_INVOKED, _end=_REPORT_END,
+             _memory=_MEMORY_START.match) -> Optional[int]:
+        nonlocal phase, passed
+        m = _match(raw)
+        if m is None:
+            return None
+        if phase != _OUTSIDE:
+            if m.lastindex == 2:
+                if m.group(2).startswith(_end):
+                    phase = _OUTSIDE
+                return None
+            if phase == _HEAD and _memory(raw) is not None:
+                phase, passed = _MEMORY, 0
+            if phase == _MEMORY:
+                passed += 1
+                if passed > REPORT_RECORDS_MAX:
+                    phase = _OUTSIDE
+                return None
+        if _invoked in raw:
+            phase = _HEAD
+            return None
+        return None if m.lastindex == 2 else int(m.group(1))
+
+    return skip

@@ -25,6 +25,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence
 
 from oomwatch import __version__
+from oomwatch.holders import MEMORY_TYPES
 from oomwatch.model import CgroupStats, Workload
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
 from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, SCOPES, Labels, Snapshot, WorkloadCounters
@@ -275,6 +276,10 @@ FAMILIES: tuple[Family, ...] = (
            "workload (1; replaced at its next incident). Its explanation is in /incidents and the events "
            "file.",
            "counters", labels=("kind", "scope"), keys=_INCIDENT_KEYS, values=_last_incident),
+    Family("oomwatch_last_oom_kill_memory_bytes", "gauge", "What held the memory of the OOM cgroup at this "
+           "workload's last OOM-kill incident, by type (the kernel's report; absent where the log did not "
+           "say). The verdict and the largest processes are in /incidents and the events file.", "counters",
+           labels=("type",), keys=tuple(MEMORY_TYPES), values=attrgetter("last_memory")),
     _gauge("oomwatch_memory_oom_group", "Current memory.oom.group of the workload cgroup (1: an OOM kill "
            "takes every process).", "oom_group"),
     _gauge("oomwatch_memory_limit_bytes", "memory.max of the workload cgroup (+Inf when unlimited).",

@@ -27,7 +27,7 @@ from oomwatch.parse.kmsg import (
     parse_text_log,
     text_lines,
 )
-from oomwatch.parse.prefilter import skippable_seq
+from oomwatch.parse.prefilter import report_skipper
 from oomwatch.sources.logitems import (  # noqa: F401 (re-exported: the readers' items live there)
     Garbled,
     KmsgItem,
@@ -66,6 +66,7 @@ class LiveKmsg:
         self.fd: Optional[int] = None
         self._last_seq: Optional[int] = None
         self.prefilter = prefilter  # records that cannot be OOM lines come out as Skipped counts, unparsed
+        self._skip = report_skipper()  # remembers a report in progress across reads
         self.jumps = 0  # times the reader jumped to the newest record rather than chase the tail
 
     def open(self, after_seq: Optional[int] = None) -> None:
@@ -88,7 +89,7 @@ class LiveKmsg:
         since_epipe = CHASE_RECORDS
         # Locals: this loop runs once per record of a storm, most of them skipped.
         read, fd, size = os.read, self.fd, READ_SIZE
-        skip = skippable_seq if self.prefilter else None
+        skip = self._skip if self.prefilter else None
         for _ in range(limit):
             try:
                 raw = read(fd, size)
