@@ -147,8 +147,9 @@ def test_any_bytes_are_lines_or_not_text(head: bytes, data: bytes, chunk: int) -
 GPU_PIECES = [
     "torch.OutOfMemoryError: ", "CUDA out of memory. Tried to allocate ", "HIP out of memory", "22.00 MiB",
     ". GPU ", "0", "7", " has a total capacity of ", " has a total capacty of ", "23.65 GiB", " of which ",
-    " is free. ", "Including non-PyTorch memory, this process has ", " memory in use. ", "Of the allocated memory ",
-    " is allocated by PyTorch, and ", " is reserved by PyTorch but unallocated.", " (GPU 0; ", " total capacity; ",
+    " is free. ", "Including non-PyTorch memory, this process has ", " memory in use. ",
+    "Of the allocated memory ", " is allocated by PyTorch, and ", " is reserved by PyTorch but unallocated.",
+    " (GPU 0; ", " total capacity; ",
     " already allocated; ", " free; ", " reserved in total by PyTorch)", " cached)", "RuntimeError: ",
     "CUDA error: out of memory", "cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "NCCL WARN ",
     "Cuda failure 'out of memory'", "Failed to CUDA calloc ", " bytes", "RESOURCE_EXHAUSTED: ",
@@ -156,16 +157,18 @@ GPU_PIECES = [
     "device:CPU:0 by allocator cpu", "GPU_0_bfc", "- Free memory: ", "- Requested memory: ",
     "DefaultCPUAllocator: can't allocate memory: you tried to allocate ", "numpy.core._exceptions.",
     "_ArrayMemoryError: Unable to allocate ", "MemoryError", "OutOf", "ray.exceptions.OutOfMemoryError: ",
-    "FATAL ERROR: JavaScript heap out of memory", "memory space hbm", "[rank3]: ", "\x1b[31m", "ng1:12:34 [3] ",
+    "FATAL ERROR: JavaScript heap out of memory", "memory space hbm", "[rank3]: ", "\x1b[31m",
+    "ng1:12:34 [3] ",
     "926.", "1e999", "9" * 30, " ", ".", "\n", "\\n", "\x00", "\udcff", "Error('", "Error: ",
 ]
 CRI_HEADS = ["", "2026-01-01T00:00:00.000000001Z stderr F ", "2026-01-01T00:00:00Z stdout P ",
              "2026-01-01T00:00:00.5+02:00 stderr F:x ", '{"log":"', "2025-11-14T08:52:38.3746210Z "]
 
 gpu_text = st.lists(st.one_of(st.sampled_from(GPU_PIECES), st.text(max_size=6),
-                              st.integers(min_value=-(10 ** 20), max_value=10 ** 20).map(str)), max_size=40).map("".join)
-gpu_log = st.lists(st.tuples(st.sampled_from(CRI_HEADS), gpu_text).map(lambda t: t[0] + t[1]), max_size=25).map(
-    lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass"))
+                              st.integers(min_value=-(10 ** 20), max_value=10 ** 20).map(str)),
+                    max_size=40).map("".join)
+gpu_log = st.lists(st.tuples(st.sampled_from(CRI_HEADS), gpu_text).map(lambda t: t[0] + t[1]),
+                   max_size=25).map(lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass"))
 
 
 @FUZZ

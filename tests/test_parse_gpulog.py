@@ -1,6 +1,6 @@
 """The container-log parser on real text: tracebacks and log lines pasted into public GitHub threads
-(fixtures/gpulogs/SOURCES.md names each thread), as pasted and as the kubelet writes them (CRI, docker json-file),
-and the lines that must give nothing. Bounded: only the end of a log is read, lines are capped."""
+(fixtures/gpulogs/SOURCES.md names each thread), as pasted and as the kubelet writes them (CRI, docker
+json-file), and the lines that must give nothing. Bounded: only the end of a log is read, lines are capped."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ from oomwatch.parse.gpulog import (
 GPULOGS = Path(__file__).resolve().parents[1] / "fixtures" / "gpulogs"
 GiB, MiB = 1 << 30, 1 << 20
 
-# file → (memory, kind, device, tried, total, free, allocated, reserved, process, lines_after); sizes as printed.
+# file → (memory, kind, device, tried, total, free, allocated, reserved, process, lines_after); sizes as
+# printed.
 CASES: dict[str, tuple] = {
     "pytorch-16417-torch2.2-cuda-oom.txt": (
         GPU, "cuda-oom", 0, 22.00 * MiB, 23.65 * GiB, 11.06 * MiB, 22.90 * GiB, 22.90 * GiB + 194.87 * MiB,
@@ -46,14 +47,17 @@ CASES: dict[str, tuple] = {
     "sentence-transformers-3214-optuna-caught.txt": (
         GPU, "cuda-oom", 0, 54.00 * MiB, 44.52 * GiB, 48.25 * MiB, None, None, None, 10),
     "pytorch-175431-hip-gpu7.txt": (
-        GPU, "hip-oom", 7, 2.00 * MiB, 287.98 * GiB, 203.49 * GiB, 68.63 * GiB, 68.63 * GiB + 14.93 * GiB, None, 0),
+        GPU, "hip-oom", 7, 2.00 * MiB, 287.98 * GiB, 203.49 * GiB, 68.63 * GiB, 68.63 * GiB + 14.93 * GiB,
+        None, 0),
     "pytorch-175431-hip-gpu7.cri.log": (
-        GPU, "hip-oom", 7, 2.00 * MiB, 287.98 * GiB, 203.49 * GiB, 68.63 * GiB, 68.63 * GiB + 14.93 * GiB, None, 0),
+        GPU, "hip-oom", 7, 2.00 * MiB, 287.98 * GiB, 203.49 * GiB, 68.63 * GiB, 68.63 * GiB + 14.93 * GiB,
+        None, 0),
     "therock-2118-hip-actions-timestamps.txt": (
         GPU, "hip-oom", 0, 2.00 * MiB, 287.98 * GiB, 275.86 * GiB, 1017.01 * MiB, 1017.01 * MiB + 54.99 * MiB,
         None, 0),
     "trl-4237-ci-torch-oom-processes.txt": (
-        GPU, "cuda-oom", 0, 2.11 * GiB, 14.74 * GiB, 1.65 * GiB, 4.50 * GiB, 4.50 * GiB + 2.14 * GiB, None, 0),
+        GPU, "cuda-oom", 0, 2.11 * GiB, 14.74 * GiB, 1.65 * GiB, 4.50 * GiB, 4.50 * GiB + 2.14 * GiB,
+        None, 0),
     "pytorch-16417-torch2.2-cuda-oom.split.cri.log": (
         GPU, "cuda-oom", 0, 22.00 * MiB, 23.65 * GiB, 11.06 * MiB, 22.90 * GiB, 22.90 * GiB + 194.87 * MiB,
         23.60 * GiB, 0),
@@ -65,26 +69,31 @@ CASES: dict[str, tuple] = {
     "darkflow-873-tensorflow-cpu.txt": (HOST, "tensorflow", None, None, None, None, None, None, None, 2),
     "qwen3-873-cublas-alloc-failed.txt": (GPU, "cublas", None, None, None, None, None, None, None, 0),
     "wan2gp-1083-accelerator-error.txt": (GPU, "cuda-error", None, None, None, None, None, None, None, 11),
-    "comfyui-12366-cudaerrormemoryallocation.txt": (GPU, "cuda-error", None, None, None, None, None, None, None, 0),
+    "comfyui-12366-cudaerrormemoryallocation.txt": (
+        GPU, "cuda-error", None, None, None, None, None, None, None, 0),
     "xgboost-8484-cuda-alloc-free-requested.txt": (
         GPU, "cuda-error", None, 33554432, None, 8126464, None, None, None, 11),
     "xgboost-11684-dask-escaped-newlines.txt": (
         GPU, "cuda-error", None, 64 * 10 ** 9, None, 53.1098 * 10 ** 9, None, None, None, 0),
     "nccl-1235-cuda-calloc.txt": (GPU, "nccl", 3, 6291456, None, None, None, None, None, 5),
     "nccl-1235-cuda-calloc.cri.log": (GPU, "nccl", 3, 6291456, None, None, None, None, None, 5),
-    # The host's memory: the process's own allocation failed (or its runtime's heap limit), nothing was killed.
-    "vrt-49-defaultcpuallocator.txt": (HOST, "cpu-allocator", None, 116813856768, None, None, None, None, None, 0),
+    # The host's memory: the process's own allocation failed (or its runtime's heap limit), nothing was
+    # killed.
+    "vrt-49-defaultcpuallocator.txt": (
+        HOST, "cpu-allocator", None, 116813856768, None, None, None, None, None, 0),
     "pytorch-31302-posix-memalign.txt": (HOST, "cpu-allocator", None, None, None, None, None, None, None, 0),
     "keypointfusion-3-numpy-arraymemoryerror.txt": (
         HOST, "python-memoryerror", None, 58.0 * GiB, None, None, None, None, None, 0),
     "single-cell-tutorial-85-numpy-memoryerror.txt": (
         HOST, "python-memoryerror", None, 926 * GiB, None, None, None, None, None, 0),
     "node-oom-tester-js-heap.txt": (HOST, "js-heap", None, None, None, None, None, None, None, 0),
-    "ray-docs-driver-outofmemoryerror.txt": (HOST, "ray-memory-monitor", None, None, None, None, None, None, None, 2),
+    "ray-docs-driver-outofmemoryerror.txt": (
+        HOST, "ray-memory-monitor", None, None, None, None, None, None, None, 2),
 }
 NOTHING = ["paddleslim-865-avoid-out-of-memory.txt", "icefall-343-sanity-check-info.txt",
            "diffusion-pipe-10-nccl-unknown-error.txt"]
-FIELDS = ("device", "tried_bytes", "total_bytes", "free_bytes", "allocated_bytes", "reserved_bytes", "process_bytes")
+FIELDS = ("device", "tried_bytes", "total_bytes", "free_bytes", "allocated_bytes", "reserved_bytes",
+          "process_bytes")
 
 
 def read(name: str) -> bytes:
@@ -137,7 +146,8 @@ def json_file(text: str) -> bytes:
 @pytest.mark.parametrize("wrap", ["cri", "cri-pieces", "json-file"])
 def test_the_kubelets_formats_read_as_the_pasted_text(name: str, wrap: str) -> None:
     text = read(name).decode()
-    data = {"cri": lambda: cri(text), "cri-pieces": lambda: cri(text, piece=37), "json-file": lambda: json_file(text)}
+    data = {"cri": lambda: cri(text), "cri-pieces": lambda: cri(text, piece=37),
+            "json-file": lambda: json_file(text)}
     plain, wrapped = parse_log_tail(text), parse_log_tail(data[wrap]())
     if plain is None:
         assert wrapped is None
@@ -148,15 +158,16 @@ def test_the_kubelets_formats_read_as_the_pasted_text(name: str, wrap: str) -> N
 
 
 def test_cri_pieces_of_a_line_are_joined_and_timestamps_kept() -> None:
-    data = (b"2026-01-01T00:00:00.000000001Z stderr P torch.OutOfMemoryError: CUDA out of memory. Tried to allo\n"
-            b"2026-01-01T00:00:00.000000001Z stderr P cate 2.00 MiB. GPU 3 has a total capacity of 79.10 GiB of \n"
-            b"2026-01-01T00:00:00.000000001Z stderr F which 1.00 MiB is free.\n"
+    stamp = b"2026-01-01T00:00:00.000000001Z"
+    data = (stamp + b" stderr P torch.OutOfMemoryError: CUDA out of memory. Tried to allo\n"
+            + stamp + b" stderr P cate 2.00 MiB. GPU 3 has a total capacity of 79.10 GiB of \n"
+            + stamp + b" stderr F which 1.00 MiB is free.\n"
             b"2026-01-01T00:00:00.100000000Z stdout F \n")
     found = parse_log_tail(data)
     assert found is not None and found.device == 3 and found.tried_bytes == 2 * MiB
     assert found.time == "2026-01-01T00:00:00.000000001Z" and found.lines_after == 0
-    assert found.evidence == ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 3 has a "
-                              "total capacity of 79.10 GiB of which 1.00 MiB is free.",)
+    assert found.evidence == ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 3 "
+                              "has a total capacity of 79.10 GiB of which 1.00 MiB is free.",)
 
 
 def test_the_failure_nearest_the_end_is_the_one_told() -> None:
@@ -184,8 +195,9 @@ def test_an_earlier_line_of_the_same_failure_fills_in_what_the_last_leaves_out()
 def test_xla_names_its_device_only_through_its_allocator() -> None:
     text = read("jax-13428-xla-resource-exhausted.txt").decode()
     assert parse_log_tail(text).memory == UNKNOWN
-    allocator = ("2024-07-30 21:10:10.123456: W external/xla/xla/tsl/framework/bfc_allocator.cc:482] Allocator "
-                 "(GPU_1_bfc) ran out of memory trying to allocate 6.00MiB (rounded to 6291456)requested by op \n")
+    allocator = ("2024-07-30 21:10:10.123456: W external/xla/xla/tsl/framework/bfc_allocator.cc:482] "
+                 "Allocator (GPU_1_bfc) ran out of memory trying to allocate 6.00MiB (rounded to 6291456)"
+                 "requested by op \n")
     found = parse_log_tail(allocator + text)
     assert (found.memory, found.device, found.tried_bytes) == (GPU, 1, 6291456)
 
@@ -206,8 +218,10 @@ def test_only_the_end_of_a_long_log_is_read() -> None:
 
 def test_hostile_bytes_never_raise() -> None:
     for data in (b"", b"\x00" * 1000, b"\xff\xfe" * 5000, b"{\"log\":", b"{\"log\": 5}\n", b"\n" * 10000,
-                 b"2026-01-01T00:00:00Z stderr P " * 3000, b"CUDA out of memory. Tried to allocate " + b"9" * 500,
-                 b"GPU 99999999 has a total capacity of 1e999 GiB", ("\udcff" * 10).encode("utf-8", "surrogatepass")):
+                 b"2026-01-01T00:00:00Z stderr P " * 3000,
+                 b"CUDA out of memory. Tried to allocate " + b"9" * 500,
+                 b"GPU 99999999 has a total capacity of 1e999 GiB",
+                 ("\udcff" * 10).encode("utf-8", "surrogatepass")):
         parse_log_tail(data)
 
 
@@ -222,7 +236,8 @@ def test_sizes() -> None:
 def test_container_log_dir_never_leaves_the_root() -> None:
     assert container_log_dir("/var/log/pods/", "ml", "train-0", "0f1e", "trainer") == \
         "/var/log/pods/ml_train-0_0f1e/trainer"
-    for bad in (("..", "p", "u", "c"), ("ns", "p/../../etc", "u", "c"), ("ns", "p", "u", ""), ("ns", "p", "u", ".")):
+    for bad in (("..", "p", "u", "c"), ("ns", "p/../../etc", "u", "c"), ("ns", "p", "u", ""),
+                ("ns", "p", "u", ".")):
         assert container_log_dir("/var/log/pods", *bad) is None
 
 

@@ -5,19 +5,19 @@ On a GPU node the commonest "out of memory" is not the host's: CUDA's allocator 
 traceback and exits 1, and no kernel OOM kill ever happened. The kubelet keeps each container's output in
 `/var/log/pods/<namespace>_<pod>_<uid>/<container>/<restart>.log`, one line per record in the CRI format
 `2024-01-01T00:00:00.000000000Z stderr F text` (tag `P` for a piece of a line longer than 16 KiB, `F` for its
-last piece); docker's json-file lines (`{"log":"text\\n","stream":"stderr","time":"…"}`, cri-dockerd) and plain
-text are read too. `parse_log_tail(data)` takes the end of such a file and returns a `LogFinding` (or None): the
-evidence lines, what kind of memory failed, and what the message says (device, bytes asked for, capacity, free,
-allocated, reserved, the process's use).
+last piece); docker's json-file lines (`{"log":"text\\n","stream":"stderr","time":"…"}`, cri-dockerd) and
+plain text are read too. `parse_log_tail(data)` takes the end of such a file and returns a `LogFinding` (or
+None): the evidence lines, what kind of memory failed, and what the message says (device, bytes asked for,
+capacity, free, allocated, reserved, the process's use).
 
 The messages are matched by phrases only the failing libraries print (`CUDA out of memory. Tried to allocate`,
 `CUDA error: out of memory`, `cudaErrorMemoryAllocation`, `CUBLAS_STATUS_ALLOC_FAILED`, NCCL's `Cuda failure
 'out of memory'`, XLA's `RESOURCE_EXHAUSTED: Out of memory while trying to allocate`, TensorFlow's `OOM when
 allocating tensor`), never by the words "out of memory" alone: a log that says it lowered the batch size "to
 avoid out of memory" says nothing happened. The last strong finding wins (the one nearest the death); a
-warning-level line (NCCL's `WARN`, a TensorFlow `failed to allocate` it may retry) only when no error line says
-more. `lines_after` says how far from the end of the tail the evidence is: an OOM that a program caught and
-survived (a hyper-parameter search trying the next trial) is followed by more output.
+warning-level line (NCCL's `WARN`, a TensorFlow `failed to allocate` it may retry) only when no error line
+says more. `lines_after` says how far from the end of the tail the evidence is: an OOM that a program caught
+and survived (a hyper-parameter search trying the next trial) is followed by more output.
 
 Bounded: at most MAX_TAIL_BYTES of the end are looked at, MAX_LINES lines of it, MAX_LINE characters a line,
 every regular expression without nested repetition (linear in the line), MAX_EVIDENCE lines returned.
@@ -57,8 +57,9 @@ class LogLine:
 
 
 def log_lines(data: Union[bytes, str]) -> list[LogLine]:
-    """The last MAX_LINES logical lines of the end of a log (CRI, docker json-file or plain text), pieces of a
-    long line joined, escape sequences and rank prefixes removed. A first line cut by the window is dropped."""
+    """The last MAX_LINES logical lines of the end of a log (CRI, docker json-file or plain text), pieces of
+    a long line joined, escape sequences and rank prefixes removed, blank lines left out. A first line cut by
+    the window is dropped."""
     if isinstance(data, bytes):
         cut = len(data) > MAX_TAIL_BYTES
         data = data[-MAX_TAIL_BYTES:].decode("utf-8", errors="replace")
@@ -132,8 +133,8 @@ def _size(pattern: re.Pattern, text: str) -> Optional[int]:
 
 @dataclass(frozen=True)
 class LogFinding:
-    """What the tail says failed. `memory`: "gpu", "host" or "unknown" (an XLA or TensorFlow message that names
-    no device). `kind`: which library said it. Byte counts are as the message printed them (rounded)."""
+    """What the tail says failed. `memory`: "gpu", "host" or "unknown" (an XLA or TensorFlow message that
+    names no device). `kind`: which library said it. Byte counts are as the message printed them (rounded)."""
 
     memory: str
     kind: str  # cuda-oom | hip-oom | cuda-error | cublas | nccl | xla | tensorflow | cpu-allocator |
@@ -163,9 +164,9 @@ class LogFinding:
 # Strong: the error a program dies of. Weak: a warning that may be retried or survived.
 STRONG, WEAK = 2, 1
 
-# PyTorch: `CUDA out of memory. Tried to allocate 22.00 MiB.` (torch.OutOfMemoryError, torch.cuda.OutOfMemoryError,
-# before 2.0 RuntimeError), `HIP out of memory` on ROCm; `CUDA error: out of memory` from a CUDA call
-# (RuntimeError, torch.AcceleratorError); cuBLAS's handle allocation.
+# PyTorch: `CUDA out of memory. Tried to allocate 22.00 MiB.` (torch.OutOfMemoryError,
+# torch.cuda.OutOfMemoryError, before 2.0 RuntimeError), `HIP out of memory` on ROCm; `CUDA error: out of
+# memory` from a CUDA call (RuntimeError, torch.AcceleratorError); cuBLAS's handle allocation.
 _TORCH_OOM = re.compile(r"\b(CUDA|HIP) out of memory\. Tried to allocate\b"
                         r"|(?:^|[Ee]rror: |Error\(['\"])(CUDA|HIP) out of memory\b")
 _TRIED = re.compile(r"Tried to allocate " + _SIZE)
@@ -179,12 +180,12 @@ _OLD_RESERVED = re.compile(_SIZE + r" (?:reserved in total by PyTorch|cached)")
 _NEW_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
 _NEW_UNALLOCATED = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
 _PROCESS = re.compile(r"this process has " + _SIZE + r" memory in use")
-_CUDA_ERROR = re.compile(r"\bCUDA error: out of memory|\bcudaErrorMemoryAllocation\b|\bCUDA_ERROR_OUT_OF_MEMORY\b"
-                         r"|\bhipErrorOutOfMemory\b|\bHIP_ERROR_OutOfMemory\b")
+_CUDA_ERROR = re.compile(r"\bCUDA error: out of memory|\bcudaErrorMemoryAllocation\b"
+                         r"|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bhipErrorOutOfMemory\b|\bHIP_ERROR_OutOfMemory\b")
 _CUBLAS = re.compile(r"\bCUBLAS_STATUS_ALLOC_FAILED\b")
-# NCCL: `host:pid:tid [cudaDev] enqueue.cc:1085 NCCL WARN Cuda failure 'out of memory'` (2.x prints the error's
-# number too: `Cuda failure 2 'out of memory'`), `Failed to CUDA calloc 6291456 bytes`: warnings; the same words
-# after `Last error:` in the exception PyTorch raises (`ncclUnhandledCudaError`) are the error.
+# NCCL: `host:pid:tid [cudaDev] enqueue.cc:1085 NCCL WARN Cuda failure 'out of memory'` (2.x prints the
+# error's number too: `Cuda failure 2 'out of memory'`), `Failed to CUDA calloc 6291456 bytes`: warnings; the
+# same words after `Last error:` in the exception PyTorch raises (`ncclUnhandledCudaError`) are the error.
 _NCCL = re.compile(r"\bCuda failure (?:\d{1,4} )?'out of memory'|\bFailed to CUDA calloc\b")
 _NCCL_DEVICE = re.compile(r"^[^ ]{1,256}:\d{1,10}:\d{1,10} \[(\d{1,4})\] ")
 _NCCL_BYTES = re.compile(r"Failed to CUDA calloc (\d{1,20}) bytes")
@@ -194,20 +195,21 @@ _REQUESTED_LINE = re.compile(r"- Requested memory: (?:" + _SIZE + r"|(\d{1,20})\
 # XLA (JAX, and TensorFlow's XLA): `RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6291456 bytes.`
 # (`Resource exhausted:` before jaxlib 0.3, `Out of memory allocating N bytes` from some paths); the device is
 # only known from its allocator's lines (`Allocator (GPU_0_bfc) ran out of memory`), or a TPU's `hbm`.
-_XLA = re.compile(r"\b(?:RESOURCE_EXHAUSTED|Resource exhausted): Out of memory (?:while trying to allocate|allocating)"
-                  r" (\d{1,20}) bytes")
+_XLA = re.compile(r"\b(?:RESOURCE_EXHAUSTED|Resource exhausted): Out of memory "
+                  r"(?:while trying to allocate|allocating) (\d{1,20}) bytes")
 _XLA_TPU = re.compile(r"\bRESOURCE_EXHAUSTED: .{0,200}\bRan out of memory in memory space hbm\b")
 # TensorFlow: `OOM when allocating tensor with shape[64,2016,9,9] and type float on
 # /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc`.
 _TF = re.compile(r"\bOOM when allocating tensor\b")
 # A device allocation XLA or TensorFlow retries smaller, or falls back from: a warning, not the error.
-_ALLOC_WARN = re.compile(r"\bfailed to alloc(?:ate)? .{0,120}(?:CUDA_ERROR_OUT_OF_MEMORY|HIP_ERROR_OutOfMemory)")
+_ALLOC_WARN = re.compile(r"\bfailed to alloc(?:ate)? .{0,120}"
+                         r"(?:CUDA_ERROR_OUT_OF_MEMORY|HIP_ERROR_OutOfMemory)")
 _GPU_DEVICE = re.compile(r"(?:device:GPU:|/gpu:|\bGPU_)(\d{1,4})\b", re.IGNORECASE)
 _CPU_DEVICE = re.compile(r"(?:device:CPU:\d|/cpu:\d|by allocator cpu\b)", re.IGNORECASE)
-# The host: PyTorch's CPU allocator (`DefaultCPUAllocator: can't allocate memory: you tried to allocate N bytes`,
-# `not enough memory` on Windows, before 1.5 `posix_memalign(&data, gAlignment, nbytes) == 0. 12 vs 0`),
-# Python's MemoryError (numpy's `_ArrayMemoryError: Unable to allocate 58.0 GiB for an array …`), Ray's memory
-# monitor's kill as its driver reports it, and V8's heap limit.
+# The host: PyTorch's CPU allocator (`DefaultCPUAllocator: can't allocate memory: you tried to allocate N
+# bytes`, `not enough memory` on Windows, before 1.5 `posix_memalign(&data, gAlignment, nbytes) == 0. 12 vs
+# 0`), Python's MemoryError (numpy's `_ArrayMemoryError: Unable to allocate 58.0 GiB for an array …`), Ray's
+# memory monitor's kill as its driver reports it, and V8's heap limit.
 _CPU_ALLOCATOR = re.compile(r"\bDefaultCPUAllocator: (?:can't allocate memory|not enough memory)"
                             r"|\bposix_memalign\(&data, gAlignment, nbytes\) == 0\. 12 vs 0")
 _CPU_TRIED = re.compile(r"you tried to allocate (\d{1,20}) bytes")
@@ -215,8 +217,8 @@ _CPU_TRIED = re.compile(r"you tried to allocate (\d{1,20}) bytes")
 # `OutOfMemoryError` (PyTorch's and Ray's: matched above).
 _MEMORYERROR = re.compile(r"^(?:[A-Za-z_][\w]{0,64}\.){0,8}(?!OutOf)_?[A-Za-z]{0,32}MemoryError\b(?::|$)")
 _NUMPY_SIZE = re.compile(r"Unable to allocate " + _SIZE)
-_RAY = re.compile(r"\bray\.exceptions\.OutOfMemoryError: (?:Task was killed|\d{1,9} worker\(s\) were killed) due to "
-                  r"the node running low on memory")
+_RAY = re.compile(r"\bray\.exceptions\.OutOfMemoryError: (?:Task was killed|\d{1,9} worker\(s\) were killed)"
+                  r" due to the node running low on memory")
 _JS_HEAP = re.compile(r"\bFATAL ERROR: .{0,80}JavaScript heap out of memory")
 
 
@@ -248,7 +250,8 @@ def _finding_of(lines: list[LogLine], at: int) -> Optional[tuple[int, LogFinding
         return STRONG, _device_finding(LogFinding(UNKNOWN, "tensorflow", (), 0), text, after)
     if _CPU_ALLOCATOR.search(text):
         tried = _CPU_TRIED.search(text)
-        return STRONG, LogFinding(HOST, "cpu-allocator", (), 0, tried_bytes=int(tried.group(1)) if tried else None)
+        return STRONG, LogFinding(HOST, "cpu-allocator", (), 0,
+                                  tried_bytes=int(tried.group(1)) if tried else None)
     if _RAY.search(text):
         return STRONG, LogFinding(HOST, "ray-memory-monitor", (), 0)
     if _JS_HEAP.search(text):
@@ -264,12 +267,12 @@ def _torch_finding(text: str, kind: str) -> LogFinding:
     if m:  # PyTorch 2.1+
         allocated = _size(_NEW_ALLOCATED, text)
         unallocated = _size(_NEW_UNALLOCATED, text)
+        reserved = allocated + unallocated if allocated is not None and unallocated is not None else None
         return replace(f, device=int(m.group(1)), total_bytes=size_bytes(m.group(2), m.group(3)),
                        free_bytes=size_bytes(m.group(4), m.group(5)), allocated_bytes=allocated,
-                       reserved_bytes=(allocated + unallocated) if allocated is not None and unallocated is not None
-                       else None)
+                       reserved_bytes=reserved)
     m = _OLD_DEVICE.search(text)
-    if m:  # up to 2.0: `(GPU 0; 6.00 GiB total capacity; 4.26 GiB already allocated; 0 bytes free; 4.30 GiB …)`
+    if m:  # up to 2.0: `(GPU 0; 6.00 GiB total capacity; 4.26 GiB already allocated; 0 bytes free; …)`
         return replace(f, device=int(m.group(1)), total_bytes=_size(_OLD_TOTAL, text),
                        allocated_bytes=_size(_OLD_ALLOCATED, text), free_bytes=_size(_OLD_FREE, text),
                        reserved_bytes=_size(_OLD_RESERVED, text))
@@ -277,8 +280,8 @@ def _torch_finding(text: str, kind: str) -> LogFinding:
 
 
 def _device_finding(f: LogFinding, text: str, after: str) -> LogFinding:
-    """An XLA or TensorFlow message: GPU n when it or the lines after name a GPU device or allocator, host when
-    they name the CPU's."""
+    """An XLA or TensorFlow message: GPU n when it or the lines after name a GPU device or allocator, host
+    when they name the CPU's."""
     for where in (text, after):
         gpu = _GPU_DEVICE.search(where)
         if gpu:
@@ -332,7 +335,8 @@ def parse_log_tail(data: Union[bytes, str]) -> Optional[LogFinding]:
     # printed the message twice, NCCL's pair of warnings), last MAX_EVIDENCE of them.
     same = [(i, f) for i, s, f in found if s == strength and i <= at and at - i <= 40][-MAX_EVIDENCE:]
     evidence = tuple(lines[i].text[:MAX_EVIDENCE_CHARS] for i, _ in same)
-    for _, earlier in reversed(same[:-1]):  # what the chosen line leaves out, an earlier one of its kind may say
+    # What the chosen line leaves out, an earlier line of its kind may say.
+    for _, earlier in reversed(same[:-1]):
         if earlier.kind == finding.kind:
             finding = replace(finding, **{k: getattr(earlier, k) for k in _DETAILS
                                           if getattr(finding, k) is None and getattr(earlier, k) is not None})
@@ -344,8 +348,8 @@ _DETAILS = ("device", "tried_bytes", "total_bytes", "free_bytes", "allocated_byt
 
 
 def _xla_device(finding: LogFinding, lines: list[LogLine]) -> LogFinding:
-    """XLA names no device in its error: its allocator's lines elsewhere in the tail do (`Allocator (GPU_0_bfc)
-    ran out of memory trying to allocate …`), or a TPU's `hbm`."""
+    """XLA names no device in its error: its allocator's lines elsewhere in the tail do (`Allocator
+    (GPU_0_bfc) ran out of memory trying to allocate …`), or a TPU's `hbm`."""
     for line in lines:
         if "memory space hbm" in line.text:
             return replace(finding, memory=GPU)
@@ -359,9 +363,10 @@ def _xla_device(finding: LogFinding, lines: list[LogLine]) -> LogFinding:
 # --- where the kubelet writes it ----------------------------------------------------------------------------
 
 
-def container_log_dir(pod_log_root: str, namespace: str, pod: str, pod_uid: str, container: str) -> Optional[str]:
-    """`<root>/<namespace>_<pod>_<uid>/<container>`, the directory whose `<restart count>.log` holds each run's
-    output; None when a name could escape it."""
+def container_log_dir(pod_log_root: str, namespace: str, pod: str, pod_uid: str,
+                      container: str) -> Optional[str]:
+    """`<root>/<namespace>_<pod>_<uid>/<container>`, the directory whose `<restart count>.log` holds each
+    run's output; None when a name could escape it."""
     for part in (namespace, pod, pod_uid, container):
         if not part or "/" in part or part in (".", "..") or "\x00" in part:
             return None
