@@ -22,6 +22,18 @@
     // 'https://git.example.com/infra/oomwatch/-/blob/v0.1.0/docs/runbooks/%s'.
     runbookURLPattern: 'docs/runbooks/%s',
 
+    // The dashboard's "Explanations (Loki)" panel reads each incident's sentence from the agent's events file as
+    // your log shipper sends it to Loki: the DaemonSet and the chart write it to the agent container's stdout
+    // (--events-file -). logsSelector picks the agent's log streams (a matcher that cannot match an empty value:
+    // Loki refuses a selector without one); the node and cluster variables (Prometheus' values) are matched on
+    // logsNodeLabel and logsClusterLabel ('' leaves that matcher out). The defaults are the stream labels of the
+    // Promtail chart's pod-log pipeline (namespace, pod, container, node_name; Alloy's configuration converted from
+    // it keeps them); Grafana's k8s-monitoring chart labels pod logs namespace, pod, container and job, with no
+    // node label: there, logsNodeLabel: '' (README "Explanations in Loki").
+    logsSelector: 'container="oomwatch"',
+    logsNodeLabel: 'node_name',
+    logsClusterLabel: self.clusterLabel,
+
     // The dashboard.
     dashboardUid: 'oomwatch',
     dashboardTitle: 'oomwatch: OOM kills',

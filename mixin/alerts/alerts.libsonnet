@@ -13,6 +13,12 @@ local utils = import '../lib/utils.libsonnet';
 local fold = utils.fold;
 
 {
+  // The job of the killed workload in the alert's labels (job_kind, job_name) where the agent knows it
+  // (oomwatch:workload_job_info:10m, rules/rules.libsonnet); every other kill alerts as before, without them.
+  local withJob(expr) = '(%s) * on (%s) group_left (job_kind, job_name) oomwatch:workload_job_info:10m or ignoring (job_kind, job_name) (%s)'
+                        % [expr, utils.labels($._config, ['job', 'instance', 'namespace', 'pod', 'cgroup']), expr],
+  local ofJob = '{{ with $labels.job_name }} ({{ $labels.job_kind }} {{ . }}){{ end }}',
+
   prometheusAlerts+:: {
     groups+: [
       {
@@ -20,7 +26,7 @@ local fold = utils.fold;
         rules: [
           {
             alert: 'OomwatchGroupOOMKillCollateral',
-            expr: 'increase(oomwatch_oom_killed_processes_total{role="collateral"}[5m]) > 0',
+            expr: withJob('increase(oomwatch_oom_killed_processes_total{role="collateral"}[5m]) > 0'),
             labels: {
               severity: 'warning',
             },
@@ -28,7 +34,7 @@ local fold = utils.fold;
               summary: fold(|||
                 Group OOM kill took down {{ $value | printf "%.0f" }} extra process(es) in
                 {{ if $labels.pod }}{{ $labels.namespace }}/{{ $labels.pod }} container {{ $labels.container }}{{ else }}cgroup {{ $labels.cgroup }}{{ end }}
-              |||),
+              |||) + ofJob,
               description: fold(|||
                 The kernel OOM killer picked a victim in
                 {{ if $labels.pod }}container {{ $labels.container }} of pod {{ $labels.namespace }}/{{ $labels.pod }}{{ else }}cgroup {{ $labels.cgroup }}{{ end }}
@@ -44,20 +50,20 @@ local fold = utils.fold;
           {
             alert: 'OomwatchContainerOOMKilled',
             // A group kill with collateral is OomwatchGroupOOMKillCollateral's alone.
-            expr: fold(|||
+            expr: withJob(fold(|||
               increase(oomwatch_oom_kills_total{pod!="", kind="single"}[5m]) > 0
               or
               (increase(oomwatch_oom_kills_total{pod!="", kind="group"}[5m]) > 0
               unless ignoring (kind, role)
               increase(oomwatch_oom_killed_processes_total{pod!="", role="collateral"}[5m]) > 0)
-            |||),
+            |||)),
             labels: {
               severity: 'warning',
             },
             annotations: {
               summary: fold(|||
-                OOM kill ({{ $labels.kind }}) in {{ $labels.namespace }}/{{ $labels.pod }}{{ with $labels.container }} container {{ . }}{{ end }}
-              |||),
+                OOM kill ({{ $labels.kind }}) in {{ $labels.namespace }}/{{ $labels.pod }}{{ with $labels.container }} container {{ . }}{{ end }}%s
+              |||) % ofJob,
               description: fold(|||
                 {{ if $labels.container }}Container {{ $labels.container }} of pod{{ else }}Pod{{ end }}
                 {{ $labels.namespace }}/{{ $labels.pod }} lost processes to the kernel OOM killer
@@ -71,20 +77,20 @@ local fold = utils.fold;
           {
             alert: 'OomwatchCgroupOOMKilled',
             // As above: a group kill with collateral is OomwatchGroupOOMKillCollateral's alone.
-            expr: fold(|||
+            expr: withJob(fold(|||
               increase(oomwatch_oom_kills_total{pod="", cgroup!="", kind="single"}[5m]) > 0
               or
               (increase(oomwatch_oom_kills_total{pod="", cgroup!="", kind="group"}[5m]) > 0
               unless ignoring (kind, role)
               increase(oomwatch_oom_killed_processes_total{pod="", cgroup!="", role="collateral"}[5m]) > 0)
-            |||),
+            |||)),
             labels: {
               severity: 'warning',
             },
             annotations: {
               summary: fold(|||
-                OOM kill ({{ $labels.kind }}) in cgroup {{ $labels.cgroup }} on {{ with $labels.node }}{{ . }}{{ else }}{{ $labels.instance }}{{ end }}
-              |||),
+                OOM kill ({{ $labels.kind }}) in cgroup {{ $labels.cgroup }}%s on {{ with $labels.node }}{{ . }}{{ else }}{{ $labels.instance }}{{ end }}
+              |||) % ofJob,
               description: fold(|||
                 A workload outside Kubernetes (Slurm job step, systemd unit or other cgroup {{ $labels.cgroup }})
                 lost processes to the kernel OOM killer ({{ $labels.kind }} kill) in the last 5 minutes. Raise the

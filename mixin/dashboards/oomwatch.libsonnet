@@ -1,8 +1,10 @@
 // The Grafana dashboard (monitoring-mixins: grafanaDashboards), rendered to deploy/grafana/oomwatch-dashboard.json
 // and the chart's copy by scripts/generate-mixin. Plain jsonnet objects in Grafana's JSON model (schemaVersion
 // 39), no grafonnet: the panels below are the dashboard's JSON, with the variables' matchers from `selectors`.
+local utils = import '../lib/utils.libsonnet';
 local panelNames = {
   bargauge: 'Bar gauge',
+  logs: 'Logs',
   stat: 'Stat',
   table: 'Table',
   timeseries: 'Time series',
@@ -19,6 +21,37 @@ local panelNames = {
     pod: '%s, namespace=~"$namespace", pod=~"$pod"' % cluster,
     workload: 'namespace=~"$namespace", pod=~"$pod", %s' % self.node,
   },
+
+  // "Jobs hit by OOM kills": each workload's series joined with its job (oomwatch_workload_job_info) as last
+  // seen in the time range, so a pod deleted after its kill keeps its job; one info series per workload
+  // (topk: were a pod told two jobs within the range, one of them), and workloads without a known job kept,
+  // with an empty job (`or ignoring`), so that every kill is in the table.
+  local jobKeys = utils.labels(cfg, ['job', 'instance', 'namespace', 'pod', 'cgroup']),
+  local jobBy = utils.labels(cfg, ['namespace', 'job_kind', 'job_name']),
+  local jobInfo = 'topk by (%s) (1, max_over_time(oomwatch_workload_job_info{%s}[$__range]))'
+                  % [jobKeys, selectors.workload],
+  local withJob(expr) = '(%s) * on (%s) group_left (job_kind, job_name) %s or ignoring (job_kind, job_name) (%s)'
+                        % [expr, jobKeys, jobInfo, expr],
+  local jobKills(matchers) = 'increase(oomwatch_oom_kills_total{%s%s}[$__range])' % [matchers, selectors.workload],
+  local jobsHit = 'sum by (%s) (%s) > 0' % [jobBy, withJob(jobKills(''))],
+
+  // "Explanations (Loki)": the incidents of the events file, as a log shipper sends the agent's stdout to Loki.
+  local logsStream = std.join(', ', std.prune([
+    if cfg.logsClusterLabel != '' then '%s=~"$cluster"' % cfg.logsClusterLabel,
+    if cfg.logsNodeLabel != '' then '%s=~"$node"' % cfg.logsNodeLabel,
+    cfg.logsSelector,
+  ])),
+  local logsQuery = std.join(' | ', [
+    '{%s} |= `"explanation"`' % logsStream,
+    'json kind, scope, explanation, workload_namespace="workload.namespace", workload_pod="workload.pod", '
+    + 'workload_job="workload.job.name", workload_owner="workload.owner.name", '
+    + 'workload_slurm_job="workload.slurm_job"',
+    'explanation != ""',
+    'workload_namespace=~"$namespace"',
+    'workload_pod=~"$pod"',
+    'workload_job=~"$job" or workload_owner=~"$job" or workload_slurm_job=~"$job"',
+    'line_format `{{.kind}} kill, scope {{.scope}}: {{.explanation}}`',
+  ]),
 
   local queryVariable(name, label, query, hide=0, multi=true) = {
     name: name,
@@ -332,7 +365,7 @@ local panelNames = {
         id: 10,
         type: 'table',
         title: 'Recent incidents',
-        description: 'Last OOM kill of each workload, newest first, with its kind and scope. The agent\'s one-sentence explanation of each incident is in its events file (on stdout in the DaemonSet and chart: your log pipeline, e.g. Loki `{container="oomwatch"} | json | line_format "{{.explanation}}"`) and at /incidents on the node\'s agent (the link on each row, from the instance column), or `oomwatch inspect` on the node. It is not a label: a sentence with pids would start a new series at every incident.',
+        description: 'Last OOM kill of each workload, newest first, with its kind and scope. The agent\'s one-sentence explanation of each incident is in the Explanations (Loki) panel below (its events file, on stdout in the DaemonSet and chart, as your log shipper sends it to Loki) and at /incidents on the node\'s agent (the link on each row, from the instance column: installs without Loki), or `oomwatch inspect` on the node. It is not a label: a sentence with pids would start a new series at every incident.',
         datasource: { type: 'prometheus', uid: '${datasource}' },
         gridPos: { x: 0, y: 29, w: 14, h: 9 },
         targets: [
@@ -592,6 +625,113 @@ local panelNames = {
           orientation: 'horizontal',
         },
       },
+      {
+        id: 17,
+        type: 'table',
+        title: 'Jobs hit by OOM kills',
+        description: 'OOM kills in the time range by the job of the killed workload (oomwatch_workload_job_info): a Kubernetes pod\'s training or batch job (JobSet, PyTorchJob, TFJob, MPIJob, TrainJob, RayJob, Determined, Kueue), else its controlling owner (a batch Job, RayCluster, ReplicaSet...), a Slurm job (SlurmJob and its id). A row without a job: kills of workloads whose job the agent does not know (no Kubernetes API access, a bare pod, a systemd unit). Pods: the killed pods (Slurm: steps). The explanations are not labels: each row links to the Explanations panel narrowed to the job; without Loki, to /incidents through the Recent incidents rows. Recording rules oomwatch:workload_oom_kills_total:job and oomwatch:job_oom_kills:increase1h keep the same join for alerts and long ranges.',
+        datasource: { type: 'prometheus', uid: '${datasource}' },
+        gridPos: { x: 0, y: 55, w: 12, h: 9 },
+        targets: [
+          {
+            refId: 'A',
+            datasource: { type: 'prometheus', uid: '${datasource}' },
+            expr: jobsHit,
+            legendFormat: '',
+            instant: true,
+            range: false,
+            format: 'table',
+          },
+          {
+            refId: 'B',
+            datasource: { type: 'prometheus', uid: '${datasource}' },
+            expr: 'sum by (%s) (%s) and on (%s) (%s)'
+                  % [jobBy, withJob(jobKills('kind="group", ')), jobBy, jobsHit],
+            legendFormat: '',
+            instant: true,
+            range: false,
+            format: 'table',
+          },
+          {
+            refId: 'C',
+            datasource: { type: 'prometheus', uid: '${datasource}' },
+            expr: 'count by (%s) (sum by (%s, pod, cgroup) (%s) > 0)' % [jobBy, jobBy, withJob(jobKills(''))],
+            legendFormat: '',
+            instant: true,
+            range: false,
+            format: 'table',
+          },
+          {
+            refId: 'D',
+            datasource: { type: 'prometheus', uid: '${datasource}' },
+            expr: 'max by (%s) (%s) * 1000 and on (%s) (%s)'
+                  % [jobBy,
+                     withJob('max_over_time(oomwatch_last_oom_kill_timestamp_seconds{%s}[$__range])' % selectors.workload),
+                     jobBy, jobsHit],
+            legendFormat: '',
+            instant: true,
+            range: false,
+            format: 'table',
+          },
+        ],
+        fieldConfig: {
+          defaults: {
+            decimals: 0,
+            links: [
+              {
+                title: 'Explanations of this job\'s kills (the Explanations panel, narrowed to it)',
+                url: '/d/${__dashboard.uid}/${__dashboard}?${__url_time_range}&${datasource:queryparam}&${logs:queryparam}&${cluster:queryparam}&${node:queryparam}&var-namespace=${__data.fields.namespace}&var-pod=$__all&var-job=${__data.fields.job_name}',
+              },
+            ],
+          },
+          overrides: [
+            {
+              matcher: { id: 'byName', options: 'Last kill' },
+              properties: [{ id: 'unit', value: 'dateTimeAsIso' }],
+            },
+          ],
+        },
+        transformations: [
+          { id: 'merge', options: {} },
+          {
+            id: 'organize',
+            options: {
+              excludeByName: { Time: true },
+              indexByName: { namespace: 0, job_kind: 1, job_name: 2, 'Value #A': 3, 'Value #B': 4, 'Value #C': 5,
+                             'Value #D': 6 },
+              renameByName: { job_kind: 'Kind', job_name: 'Job', 'Value #A': 'Kills', 'Value #B': 'Group kills',
+                              'Value #C': 'Pods', 'Value #D': 'Last kill' },
+            },
+          },
+          { id: 'sortBy', options: { sort: [{ field: 'Kills', desc: true }] } },
+        ],
+      },
+      {
+        id: 18,
+        type: 'logs',
+        title: 'Explanations (Loki)',
+        description: 'The agent\'s one-sentence explanation of each OOM kill of the selected cluster, node, namespace and pod (and the Job box: a job, owner or Slurm job id, regex), from its events file as your log shipper sends it to Loki: the DaemonSet and the chart write it to the agent container\'s stdout (--events-file -), one JSON incident per line. Needs a Loki data source in the Logs variable, and the stream labels of the mixin\'s _config (logsSelector, logsNodeLabel, logsClusterLabel: README "Explanations in Loki"). Without Loki: the Recent incidents rows link to each node agent\'s /incidents, and `oomwatch inspect` on the node explains each kill.',
+        datasource: { type: 'loki', uid: '${logs}' },
+        gridPos: { x: 12, y: 55, w: 12, h: 9 },
+        targets: [
+          {
+            refId: 'A',
+            datasource: { type: 'loki', uid: '${logs}' },
+            expr: logsQuery,
+            queryType: 'range',
+          },
+        ],
+        options: {
+          showTime: true,
+          showLabels: false,
+          showCommonLabels: false,
+          wrapLogMessage: true,
+          prettifyLogMessage: false,
+          enableLogDetails: true,
+          dedupStrategy: 'none',
+          sortOrder: 'Descending',
+        },
+      },
     ],
 
   grafanaDashboards+:: {
@@ -603,13 +743,14 @@ local panelNames = {
       __requires: [
         { type: 'grafana', id: 'grafana', name: 'Grafana', version: cfg.grafanaVersion },
         { type: 'datasource', id: 'prometheus', name: 'Prometheus', version: '1.0.0' },
+        { type: 'datasource', id: 'loki', name: 'Loki', version: '1.0.0' },
       ] + [
         { type: 'panel', id: type, name: panelNames[type], version: '' }
         for type in std.set([p.type for p in panels])
       ],
       title: cfg.dashboardTitle,
       uid: cfg.dashboardUid,
-      description: 'OOM kills per workload and node from the oomwatch agent: group vs single kills, collateral processes, memory against limits, node posture and kernel log health.',
+      description: 'OOM kills per workload, job and node from the oomwatch agent: group vs single kills, collateral processes, memory against limits, node posture, kernel log health, the jobs hit and, from Loki, each kill explained.',
       tags: cfg.dashboardTags,
       timezone: cfg.dashboardTimezone,
       editable: true,
@@ -647,6 +788,20 @@ local panelNames = {
             includeAll: false,
             multi: false,
           },
+          {
+            // The Explanations panel's Loki; none: that panel says so, and the rest of the dashboard works.
+            name: 'logs',
+            label: 'Logs (Loki)',
+            type: 'datasource',
+            query: 'loki',
+            regex: '',
+            current: {},
+            hide: 0,
+            refresh: 1,
+            options: [],
+            includeAll: false,
+            multi: false,
+          },
           queryVariable('cluster', 'Cluster', 'label_values(oomwatch_node_info, %s)' % cfg.clusterLabel,
                         hide=if cfg.showMultiCluster then 0 else 2, multi=false),
           queryVariable('node', 'Node', 'label_values(oomwatch_node_info{%s}, %s)' % [cluster, cfg.nodeLabel]),
@@ -654,6 +809,17 @@ local panelNames = {
                         'label_values(oomwatch_oom_kills_total{%(node)s}, namespace)' % selectors),
           queryVariable('pod', 'Pod',
                         'label_values(oomwatch_oom_kills_total{%(node)s, namespace=~"$namespace"}, pod)' % selectors),
+          {
+            // The Explanations panel's job (a regex on the incident's job, owner or Slurm job): the rows of
+            // "Jobs hit by OOM kills" set it. A text box, not a query: a node without jobs leaves it at .*.
+            name: 'job',
+            label: 'Job (explanations)',
+            type: 'textbox',
+            query: '.*',
+            current: { selected: false, text: '.*', value: '.*' },
+            options: [{ selected: true, text: '.*', value: '.*' }],
+            hide: 0,
+          },
         ],
       },
       panels: panels,

@@ -11,6 +11,10 @@ local fold = utils.fold;
 
 {
   local podLabels = { pod: utils.labels($._config, ['namespace', 'pod', 'container']) },
+  local jobLabels = {
+    keys: utils.labels($._config, ['job', 'instance', 'namespace', 'pod', 'cgroup']),
+    by: utils.labels($._config, ['namespace', 'job_kind', 'job_name', 'kind']),
+  },
 
   prometheusRules+:: {
     groups+: [
@@ -113,6 +117,35 @@ local fold = utils.fold;
               |||),
               runbook_url: $._config.runbookURLPattern % 'oomkilled-verdict.md#killed-by-the-oom-killer-but-not-oomkilled',
             },
+          },
+        ],
+      },
+      // The job each kill broke (issue 22): the agent's oomwatch_workload_job_info joined to its per-workload
+      // series. The job is the one last seen in the last 10 minutes (the agent's default --grace-period: the
+      // series of a gone workload stay that long), so that a pod deleted right after its kill (a JobSet's
+      // restart) still has its job when its last count is scraped. The counter with the job's labels is
+      // recorded as it is evaluated: `increase()` over it keeps each kill's job over any range, after the pod
+      // and its series are gone.
+      {
+        name: 'oomwatch-jobs',
+        rules: [
+          {
+            // One series per workload (topk: a pod told two jobs within the 10 minutes, as when the API server
+            // answered after its first scrape, must not break the joins below with a many-to-many match).
+            record: 'oomwatch:workload_job_info:10m',
+            expr: 'topk by (%(keys)s) (1, max_over_time(oomwatch_workload_job_info[10m]))' % jobLabels,
+          },
+          {
+            record: 'oomwatch:workload_oom_kills_total:job',
+            expr: fold(|||
+              oomwatch_oom_kills_total
+              * on (%(keys)s) group_left (job_kind, job_name)
+              oomwatch:workload_job_info:10m
+            |||) % jobLabels,
+          },
+          {
+            record: 'oomwatch:job_oom_kills:increase1h',
+            expr: 'sum by (%(by)s) (increase(oomwatch:workload_oom_kills_total:job[1h]))' % jobLabels,
           },
         ],
       },

@@ -13,7 +13,8 @@ python3-matplotlib) does what Grafana would do with the dashboard, on real data:
    $__range = the run's length) for the rest. The results are saved as JSON beside the picture's source.
 2. render: the panels are laid out as the dashboard's gridPos says, with its titles, units, decimals,
    legends, table transformations (merge, organize, sortBy) and overrides. A panel type it cannot draw is an
-   error, never a panel left out. The picture carries, in its PNG text chunk `oomwatch-panels`, the id, title
+   error, never a panel left out. The logs panel ("Explanations (Loki)") queries Loki, which Debian does not
+   have: its LogQL is not run, and it is drawn as an explicit placeholder that says so and shows the query. The picture carries, in its PNG text chunk `oomwatch-panels`, the id, title
    and type of every panel drawn and the values it printed: tests/deploy/test_dashboard_picture.py checks them
    against the dashboard.
 
@@ -42,7 +43,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from tests.deploy.dashboard import substitute  # noqa: E402 (stdlib only: runs under Debian's python3)
+from tests.deploy.dashboard import (  # noqa: E402 (stdlib only: runs under Debian's python3)
+    LOKI,
+    prometheus_targets,
+    query_targets,
+    substitute,
+)
 
 DASHBOARD = REPO / "deploy" / "grafana" / "oomwatch-dashboard.json"
 RULES = REPO / "deploy" / "prometheus" / "oomwatch-rules.yaml"
@@ -206,7 +212,9 @@ def collect(out: Path, prometheus: str, oomwatch: Path, before: float = 8.0, aft
                    "prometheus": _get(f"{api}/status/buildinfo")["data"], "panels": []}
         for panel in dashboard["panels"]:
             entry = {"id": panel.get("id"), "title": panel.get("title"), "type": panel.get("type"), "targets": []}
-            for target in panel.get("targets", []):
+            if query_targets(panel, LOKI):  # no Loki here: the LogQL is kept, not run
+                entry["not_run"] = {"datasource": LOKI, "queries": [t["expr"] for t in query_targets(panel, LOKI)]}
+            for target in prometheus_targets(panel):
                 expr = substitute(target["expr"], variables)
                 if panel.get("type") == "timeseries":
                     q = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": str(SCRAPE_SECONDS)}
@@ -360,7 +368,11 @@ def table_frame(panel: dict, data: dict) -> tuple[list[str], list[dict]]:
     frames = []
     for target in data["targets"]:
         column = f"Value #{target['refId']}" if many else "Value"
-        frames.append([{**r["metric"], column: float(r["value"][1])} for r in target["result"] or []])
+        # One frame per query, with a column for every label of any of its series: a series without one of them
+        # has it empty there (as Grafana's frame does), so that merging never mistakes it for another's row.
+        labels = sorted({k for r in target["result"] or [] for k in r["metric"]})
+        frames.append([{**dict.fromkeys(labels, ""), **r["metric"], column: float(r["value"][1])}
+                       for r in target["result"] or []])
     rows: list[dict] = []
     transformations = panel.get("transformations") or []
     if any(t["id"] == "merge" for t in transformations):
@@ -478,6 +490,29 @@ def draw_bargauge(ax, panel: dict, data: dict, unit, decimals) -> list[str]:
     return shown
 
 
+def draw_logs_placeholder(ax, panel: dict, data: dict) -> list[str]:
+    """A Loki logs panel, not drawn: an explicit placeholder with its LogQL (Debian has no Loki to run it)."""
+    style(ax, panel["title"])
+    blank(ax)
+    queries = (data.get("not_run") or {}).get("queries") or [t["expr"] for t in query_targets(panel, LOKI)]
+    bbox = ax.get_position()
+    chars = max(int(bbox.width * 16 * 72 / 4.3), 40)
+    lines = ["NOT DRAWN: a Loki logs panel, and there is no Loki here (Debian has none), so its LogQL was not run.",
+             "In Grafana it lists each kill's explanation from the agent's events file (stdout, via your log shipper):"]
+    wrapped = [w for line in lines for w in textwrap.wrap(line, chars)]
+    query = [w for q in queries for w in textwrap.wrap(q, chars)]
+    y = 0.93
+    for line in wrapped:
+        ax.text(0.02, y, line, color=COLORS[1], fontsize=7, va="top", transform=ax.transAxes)
+        y -= 0.085
+    for line in query:
+        ax.text(0.02, y, line, color=MUTED, fontsize=6.5, va="top", family="monospace", transform=ax.transAxes)
+        y -= 0.075
+    ax.text(0.02, max(y - 0.03, 0.02), "Without Loki: the Recent incidents rows link to each agent's /incidents.",
+            color=TEXT, fontsize=7, va="top", transform=ax.transAxes)
+    return ["placeholder: Loki logs panel not run (no Loki)"]
+
+
 def render(results_path: Path, out: Path) -> list[dict]:
     import matplotlib
 
@@ -492,9 +527,11 @@ def render(results_path: Path, out: Path) -> list[dict]:
     if missing:
         raise SystemExit(f"render-dashboard: {results_path} has no results for {missing}: collect them again")
     rows = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in dashboard["panels"])
-    height = rows * 0.34 + 1.8
+    caption_lines = textwrap.wrap(caption_text(results), 200)
+    head = 0.95 + 0.15 * len(caption_lines)  # inches above the panels: the title, then the caption's lines
+    height = rows * 0.34 + head + 0.3
     fig = plt.figure(figsize=(16, height), facecolor=BG)
-    grid = GridSpec(rows, 24, figure=fig, left=0.035, right=0.99, top=1 - 1.5 / height, bottom=0.02,
+    grid = GridSpec(rows, 24, figure=fig, left=0.035, right=0.99, top=1 - head / height, bottom=0.02,
                     hspace=2.2, wspace=0.7)
     start = results["start"]
     drawn = []
@@ -513,14 +550,26 @@ def render(results_path: Path, out: Path) -> list[dict]:
             shown = draw_table(ax, fig, panel, data)
         elif kind == "bargauge":
             shown = draw_bargauge(ax, panel, data, unit, decimals)
+        elif kind == "logs":
+            shown = draw_logs_placeholder(ax, panel, data)
         else:
             raise SystemExit(f"render-dashboard: panel type {kind!r} ({panel['title']!r}) is not drawn")
         drawn.append({"id": panel["id"], "title": panel["title"], "type": kind, "shown": shown})
-    when = datetime.fromtimestamp(start, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     fig.text(0.035, 1 - 0.3 / height, f"{dashboard.get('title', 'oomwatch')}: {LABEL}", color=TEXT, fontsize=14,
              weight="bold", va="top")
+    fig.text(0.035, 1 - 0.75 / height, "\n".join(caption_lines), color=MUTED, fontsize=8, va="top")
+    fig.savefig(out, dpi=80, facecolor=BG, metadata={PNG_KEY: json.dumps(drawn, separators=(",", ":"))})
+    plt.close(fig)
+    print(f"wrote {out} ({out.stat().st_size} bytes): {len(drawn)} panels from {results_path}")
+    return drawn
+
+
+def caption_text(results: dict) -> str:
+    """What the picture is, said on its face: where the data came from and what it cannot show."""
+    start = results["start"]
+    when = datetime.fromtimestamp(start, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     nodes = "; ".join(f"node {n}: {v['fixture']}" for n, v in results["nodes"].items())
-    caption = (
+    return (
         f"scripts/render-dashboard, {when}, {int(results['end'] - start)} s: Prometheus "
         f"{results['prometheus'].get('version')} (Debian) scraping two real oomwatch agents every "
         f"{results['step']} s, each reading a kernel log captured on Linux 6.1 with its cgroup tree ({nodes}), "
@@ -529,12 +578,9 @@ def render(results_path: Path, out: Path) -> list[dict]:
                                                                   sorted(results["variables"].items()))
         + "); the dashboard's decimals (0 for counts: increase() extrapolates to the window's edges). No "
         "detection latency: the agent measures it only for live /dev/kmsg records, not a saved log; no "
-        "OOMKilled verdicts: no kube-state-metrics here.")
-    fig.text(0.035, 1 - 0.75 / height, "\n".join(textwrap.wrap(caption, 200)), color=MUTED, fontsize=8, va="top")
-    fig.savefig(out, dpi=80, facecolor=BG, metadata={PNG_KEY: json.dumps(drawn, separators=(",", ":"))})
-    plt.close(fig)
-    print(f"wrote {out} ({out.stat().st_size} bytes): {len(drawn)} panels from {results_path}")
-    return drawn
+        "OOMKilled verdicts: no kube-state-metrics here; no job names in Jobs hit by OOM kills: the agents run "
+        "without a Kubernetes API here (its rows are the kills without a known job); no explanations panel: no "
+        "Loki here (a placeholder shows its LogQL).")
 
 
 def main(argv: list[str]) -> int:

@@ -61,6 +61,7 @@ CONTRACT_METRICS = {
     "oomwatch_memory_pressure_seconds_total",
     "oomwatch_node_oom_kills_total",
     "oomwatch_node_info",
+    "oomwatch_workload_job_info",
     "oomwatch_kmsg_records_total",
     "oomwatch_kmsg_lost_records_total",
     "oomwatch_kmsg_parse_errors_total",

@@ -1,9 +1,13 @@
-"""Read the PromQL behind the Grafana dashboard's panels.
+"""Read the PromQL (and LogQL) behind the Grafana dashboard's panels.
 
     from tests.deploy.dashboard import panel_queries
     for title, expr in panel_queries("deploy/grafana/oomwatch-dashboard.json",
                                      {"namespace": ".*", "pod": ".*", "node": ".*"}):
         ...  # run expr against Prometheus, expect data
+
+`panel_queries` gives the Prometheus queries only: the "Explanations (Loki)" panel's LogQL cannot be run
+against Prometheus (`panel_queries(path, variables, datasource="loki")` gives it). `prometheus_targets(panel)` is
+the same choice for one panel, for code that walks the panels itself.
 
 Template variables are substituted in every form Grafana accepts (`$name`, `${name}`,
 `${name:format}`, `[[name]]`). Grafana's built-in `$__rate_interval`, `$__interval` and `$__range`
@@ -29,6 +33,10 @@ BUILTINS: dict[str, str] = {
     "__range_ms": "3600000",
 }
 
+# The dashboard's data source types: every panel queries Prometheus through the `datasource` variable but the
+# logs panel, which queries Loki through the `logs` variable.
+PROMETHEUS, LOKI = "prometheus", "loki"
+
 # ${name}, ${name:format}, [[name]], $name (longest name first: $__range_s before $__range).
 _VARIABLE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\[\[(\w+)(?::[^\]]*)?\]\]|\$(\w+)")
 
@@ -38,6 +46,25 @@ def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         yield panel
         # Collapsed rows keep their panels inside.
         yield from _panels(panel.get("panels", []))
+
+
+def datasource_type(panel: dict[str, Any], target: dict[str, Any]) -> str:
+    """The type of data source a target queries: its own, else its panel's, else Prometheus (the dashboard's)."""
+    for where in (target, panel):
+        ds = where.get("datasource")
+        if isinstance(ds, dict) and ds.get("type"):
+            return str(ds["type"])
+    return PROMETHEUS
+
+
+def query_targets(panel: dict[str, Any], datasource: str = PROMETHEUS) -> list[dict[str, Any]]:
+    """The panel's targets that query `datasource` (a type), shown and with a query."""
+    return [t for t in panel.get("targets", [])
+            if not t.get("hide") and t.get("expr") and datasource_type(panel, t) == datasource]
+
+
+def prometheus_targets(panel: dict[str, Any]) -> list[dict[str, Any]]:
+    return query_targets(panel, PROMETHEUS)
 
 
 def substitute(expr: str, variables: dict[str, str]) -> str:
@@ -52,14 +79,14 @@ def substitute(expr: str, variables: dict[str, str]) -> str:
     return _VARIABLE.sub(replace, expr)
 
 
-def panel_queries(path: str | PathLike[str], variables: dict[str, str]) -> list[tuple[str, str]]:
-    """(panel title, PromQL) for every query target of every panel, in dashboard order."""
+def panel_queries(path: str | PathLike[str], variables: dict[str, str],
+                  datasource: str = PROMETHEUS) -> list[tuple[str, str]]:
+    """(panel title, query) for every target of every panel that queries `datasource` (Prometheus: PromQL; loki:
+    LogQL), in dashboard order."""
     with open(path, encoding="utf-8") as f:
         dashboard = json.load(f)
     queries: list[tuple[str, str]] = []
     for panel in _panels(dashboard.get("panels", [])):
-        for target in panel.get("targets", []):
-            if target.get("hide") or not target.get("expr"):
-                continue
+        for target in query_targets(panel, datasource):
             queries.append((panel.get("title", ""), substitute(target["expr"], variables)))
     return queries

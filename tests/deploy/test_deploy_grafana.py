@@ -1,17 +1,19 @@
 """Grafana dashboard: provisionable JSON, every panel's PromQL parses (promtool) and uses contract
-metrics; the panel_queries helper substitutes template variables."""
+metrics; the logs panel's LogQL parses with Grafana's own LogQL grammar and selects what the mixin's _config
+says; the panel_queries helper substitutes template variables and leaves the LogQL out of the PromQL."""
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 from typing import Any
 
 import pytest
 import yaml
 
-from .conftest import CONTRACT_METRICS, DASHBOARD, RULES, run
-from .dashboard import BUILTINS, panel_queries, substitute
+from .conftest import CONTRACT_METRICS, DASHBOARD, ROOT, RULES, run
+from .dashboard import BUILTINS, LOKI, datasource_type, panel_queries, substitute
 
 ALL = {"namespace": ".*", "pod": ".*", "node": ".*"}
 
@@ -34,6 +36,8 @@ def test_datasource_is_a_template_variable() -> None:
     variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
     ds = variables["datasource"]
     assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+    logs = variables["logs"]  # the Explanations panel's Loki, a choice of its own
+    assert logs["type"] == "datasource" and logs["query"] == "loki"
 
 
 def test_no_hard_coded_datasource_uid() -> None:
@@ -45,7 +49,11 @@ def test_no_hard_coded_datasource_uid() -> None:
             ds = node["datasource"]
             if ds.get("type") == "grafana":  # the built-in annotations source
                 continue
-            assert ds == {"type": "prometheus", "uid": "${datasource}"}, ds
+            assert ds in ({"type": "prometheus", "uid": "${datasource}"}, {"type": "loki", "uid": "${logs}"}), ds
+    # Loki only in the logs panel, and that panel only on Loki
+    for panel in d["panels"]:
+        types = {datasource_type(panel, t) for t in panel["targets"]}
+        assert types == ({LOKI} if panel["type"] == "logs" else {"prometheus"}), (panel["title"], types)
     assert "${DS_" not in DASHBOARD.read_text()
 
 
@@ -70,6 +78,7 @@ def test_required_panels() -> None:
         "Node posture",
         "Recent incidents",
         "Kernel log reader",
+        "Jobs hit by OOM kills",
     ):
         assert wanted in titles, wanted
     assert 'role="collateral"' in queries
@@ -80,6 +89,7 @@ def test_required_panels() -> None:
         "oomwatch_node_info",
         "oomwatch_last_oom_kill_timestamp_seconds",
         "oomwatch_kmsg_lost_records_total",
+        "oomwatch_workload_job_info",
     ):
         assert metric in queries, metric
 
@@ -139,3 +149,122 @@ def test_substitute_forms() -> None:
     assert substitute("rate(m[$__rate_interval])", {"__rate_interval": "2m"}) == "rate(m[2m])"
     with pytest.raises(KeyError):
         substitute("m{a=~'$missing'}", v)
+
+
+# --- the jobs table and the explanations (issues 22 and 24) ----------------------------------------------------
+
+
+def panel(title: str) -> dict[str, Any]:
+    (found,) = [p for p in dashboard()["panels"] if p["title"] == title]
+    return found
+
+
+def test_jobs_table_joins_each_kill_to_its_job_and_keeps_the_others() -> None:
+    """Every query of "Jobs hit by OOM kills" joins the per-workload series to oomwatch_workload_job_info on the
+    agent and the workload (instance, namespace, pod, cgroup), takes one info series per workload over the range
+    (topk: a many-to-many match would fail the whole query) and keeps the kills of workloads without a job."""
+    jobs = panel("Jobs hit by OOM kills")
+    targets = jobs["targets"]
+    assert [t["refId"] for t in targets] == ["A", "B", "C", "D"]
+    for t in targets:
+        assert t["instant"] and t["format"] == "table", t["refId"]
+        expr = t["expr"]
+        assert ("* on (job, instance, namespace, pod, cgroup) group_left (job_kind, job_name) "
+                "topk by (job, instance, namespace, pod, cgroup) (1, max_over_time(oomwatch_workload_job_info{") in expr
+        assert "or ignoring (job_kind, job_name)" in expr, t["refId"]
+        assert "by (namespace, job_kind, job_name" in expr, t["refId"]
+    renamed = next(x for x in jobs["transformations"] if x["id"] == "organize")["options"]["renameByName"]
+    assert set(renamed.values()) == {"Kind", "Job", "Kills", "Group kills", "Pods", "Last kill"}
+    assert 'kind="group"' in targets[1]["expr"] and "oomwatch_last_oom_kill_timestamp_seconds" in targets[3]["expr"]
+    # each row links to the explanations of its job
+    (link,) = jobs["fieldConfig"]["defaults"]["links"]
+    assert "var-job=${__data.fields.job_name}" in link["url"] and "${logs:queryparam}" in link["url"]
+
+
+def test_recent_incidents_still_link_to_each_agents_incidents() -> None:
+    """Installs without Loki: the explanation is one click away at the node agent's /incidents."""
+    (link,) = panel("Recent incidents")["fieldConfig"]["defaults"]["links"]
+    assert link["url"] == "http://${__data.fields.instance}/incidents"
+
+
+def test_job_variable_is_a_text_box_that_matches_everything_by_default() -> None:
+    """Only the Explanations panel reads it (a node without jobs must not leave a query variable empty)."""
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    job = variables["job"]
+    assert job["type"] == "textbox" and job["query"] == ".*" and job["current"]["value"] == ".*"
+    for p in dashboard()["panels"]:
+        if p["type"] != "logs":
+            assert "$job" not in json.dumps(p["targets"]), p["title"]
+
+
+LOGS_VARIABLES = {"cluster": ".*", "node": "gpu-1", "namespace": "ml", "pod": "train-0", "job": "train"}
+
+
+def logql() -> str:
+    (query,) = [q for _, q in panel_queries(DASHBOARD, LOGS_VARIABLES, datasource=LOKI)]
+    return query
+
+
+def test_explanations_panel_reads_the_events_file_lines_from_loki() -> None:
+    """The logs panel: Loki through the `logs` variable, one range query; its LogQL selects the agent's streams
+    by the labels of the mixin's default _config, keeps the incident lines, extracts the contract's fields (the
+    workload's namespace, pod, job, owner, Slurm job: docs/contract.md "Incident JSON") and filters them on the
+    dashboard's variables, and shows the explanation."""
+    logs = panel("Explanations (Loki)")
+    assert logs["type"] == "logs" and logs["datasource"] == {"type": "loki", "uid": "${logs}"}
+    (target,) = logs["targets"]
+    assert target["queryType"] == "range" and target["datasource"] == {"type": "loki", "uid": "${logs}"}
+    query = logql()
+    assert query.startswith('{cluster=~".*", node_name=~"gpu-1", container="oomwatch"} |= `"explanation"` | json ')
+    for extraction in ('workload_namespace="workload.namespace"', 'workload_pod="workload.pod"',
+                       'workload_job="workload.job.name"', 'workload_owner="workload.owner.name"',
+                       'workload_slurm_job="workload.slurm_job"'):
+        assert extraction in query, extraction
+    for label_filter in ('workload_namespace=~"ml"', 'workload_pod=~"train-0"',
+                         'workload_job=~"train" or workload_owner=~"train" or workload_slurm_job=~"train"'):
+        assert label_filter in query, label_filter
+    assert query.endswith("| line_format `{{.kind}} kill, scope {{.scope}}: {{.explanation}}`")
+    # not a PromQL query: the Prometheus helpers never see it
+    assert all("line_format" not in q for _, q in panel_queries(DASHBOARD, {**LOGS_VARIABLES, "node": ".*"}))
+
+
+def test_the_incident_fields_the_panel_reads_are_the_contracts() -> None:
+    """The JSON paths the LogQL extracts are fields of the incident JSON of docs/contract.md."""
+    contract = (ROOT / "docs/contract.md").read_text()
+    section = contract[contract.index("## Incident JSON"):contract.index("**Counts are the kernel's.**")]
+    for path in re.findall(r'="(workload\.[\w.]+)"', logql()) + ["explanation", "kind", "scope"]:
+        for part in path.split("."):
+            assert f'"{part}"' in section, (path, part)
+
+
+def check_logql(queries: list[str]) -> list[dict[str, Any]]:
+    """Grafana's LogQL grammar on each query (scripts/check-logql: @grafana/lezer-logql under node)."""
+    out = subprocess.run([str(ROOT / "scripts/check-logql")], input=json.dumps(queries), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.tools
+def test_logql_parses_with_grafanas_grammar() -> None:
+    """The query parses without an error node in Grafana's LogQL grammar, as shipped (the variables in its
+    strings) and substituted; its stream selector has a matcher that cannot match empty (Loki refuses a selector
+    without one), and the grammar sees the same stages the structure test reads. The check can fail: a broken
+    query has an error node."""
+    raw = panel("Explanations (Loki)")["targets"][0]["expr"]
+    shipped, substituted, broken = check_logql([raw, logql(), raw.replace("} |=", " |=", 1)])
+    assert shipped["errors"] == [] and substituted["errors"] == []
+    assert broken["errors"]
+    selector = {(m["label"], m["op"], m["value"]) for m in substituted["selector"]}
+    assert selector == {("cluster", "=~", ".*"), ("node_name", "=~", "gpu-1"), ("container", "=", "oomwatch")}
+    assert any(op == "=" and value for _, op, value in selector)
+    assert substituted["line_filters"] == [{"op": "|=", "value": '"explanation"'}]
+    assert {e["label"]: e["path"] for e in substituted["extractions"]} == {
+        "kind": "kind", "scope": "scope", "explanation": "explanation",
+        "workload_namespace": "workload.namespace", "workload_pod": "workload.pod",
+        "workload_job": "workload.job.name", "workload_owner": "workload.owner.name",
+        "workload_slurm_job": "workload.slurm_job"}
+    filtered = {(f["label"], f["value"]) for f in substituted["label_filters"]}
+    assert {("workload_namespace", "ml"), ("workload_pod", "train-0"), ("workload_job", "train"),
+            ("workload_owner", "train"), ("workload_slurm_job", "train")} <= filtered
+    assert substituted["line_format"] == "{{.kind}} kill, scope {{.scope}}: {{.explanation}}"

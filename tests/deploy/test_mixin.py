@@ -92,10 +92,15 @@ def test_config_reaches_the_rules(custom, promtool: str, tmp_path: Path) -> None
     # Aggregations keep the cluster label; the node label, named twice, once.
     assert alerts["OomwatchOOMStorm"]["expr"].startswith("sum by (k8s_cluster, job, instance) (")
     records = {r["record"]: r["expr"] for r in rules if "record" in r}
+    # the workload's series are joined with its job on the agent and the workload; kills per job per namespace
+    job_clauses = {"k8s_cluster, job, instance, namespace, pod, cgroup", "k8s_cluster, namespace, job_kind, job_name, kind"}
     for expr in records.values():
         for clause in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr):
             if "namespace" in clause:
-                assert clause == "k8s_cluster, namespace, pod, container", expr
+                assert clause in {"k8s_cluster, namespace, pod, container"} | job_clauses, expr
+    for name in ("OomwatchGroupOOMKillCollateral", "OomwatchContainerOOMKilled", "OomwatchCgroupOOMKilled"):
+        assert ("* on (k8s_cluster, job, instance, namespace, pod, cgroup) group_left (job_kind, job_name) "
+                "oomwatch:workload_job_info:10m or ignoring (job_kind, job_name)") in alerts[name]["expr"], name
     for alert in alerts.values():
         url = alert["annotations"]["runbook_url"]
         assert url.startswith("https://git.example.com/infra/oomwatch/-/blob/v0.1.0/docs/runbooks/"), url
@@ -121,6 +126,10 @@ def test_config_reaches_the_dashboard(custom, promtool: str, tmp_path: Path) -> 
     for title, expr in queries:
         assert 'k8s_cluster=~"prod"' in expr, (title, expr)
         assert "node=~" not in expr, (title, expr)  # the node matcher is on nodeLabel
+    # the jobs table's joins keep the cluster label
+    (jobs,) = [expr for title, expr in queries if title == "Jobs hit by OOM kills"][:1]
+    assert "sum by (k8s_cluster, namespace, job_kind, job_name) (" in jobs
+    assert "on (k8s_cluster, job, instance, namespace, pod, cgroup) group_left" in jobs
     rules = [{"record": f"oomwatch:dashboard_query_{i}", "expr": expr} for i, (_, expr) in enumerate(queries)]
     (tmp_path / "queries.yaml").write_text(yaml.safe_dump({"groups": [{"name": "q", "rules": rules}]}))
     out = run([promtool, "check", "rules", str(tmp_path / "queries.yaml")]).stdout
@@ -130,12 +139,12 @@ def test_config_reaches_the_dashboard(custom, promtool: str, tmp_path: Path) -> 
 def test_shipped_dashboard_has_cluster_datasource_and_import_metadata() -> None:
     dashboard = json.loads(generate_mixin.DASHBOARD.read_text())
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert list(variables) == ["datasource", "cluster", "node", "namespace", "pod"]
+    assert list(variables) == ["datasource", "logs", "cluster", "node", "namespace", "pod", "job"]
     assert variables["cluster"]["hide"] == 2 and variables["cluster"]["allValue"] == ".*"
     assert dashboard["__inputs"] == []
     required = {(r["type"], r["id"]) for r in dashboard["__requires"]}
     panel_types = {p["type"] for p in dashboard["panels"]}
-    assert required == ({("grafana", "grafana"), ("datasource", "prometheus")}
+    assert required == ({("grafana", "grafana"), ("datasource", "prometheus"), ("datasource", "loki")}
                         | {("panel", t) for t in panel_types})
     # Every query filters on the cluster ("All" by default, which also matches series without the label).
     for title, expr in panel_queries(generate_mixin.DASHBOARD, {"namespace": ".*", "pod": ".*", "node": ".*",
@@ -146,7 +155,25 @@ def test_shipped_dashboard_has_cluster_datasource_and_import_metadata() -> None:
 def test_rules_layout_loads_back_and_keeps_rule_order() -> None:
     text = generate_mixin.RULES.read_text()
     groups = yaml.safe_load(text)["groups"]
-    assert [g["name"] for g in groups] == ["oomwatch", "oomwatch-risk", "oomwatch-oomkilled"]
+    assert [g["name"] for g in groups] == ["oomwatch", "oomwatch-risk", "oomwatch-oomkilled", "oomwatch-jobs"]
     first = text[text.index("      - alert: OomwatchAgentDown"):]
     keys = [line.strip().split(":")[0] for line in first.splitlines()[1:5]]
     assert keys == ["expr", "for", "labels", "severity"]
+
+
+def _logql(dashboard: dict[str, Any]) -> str:
+    (query,) = [t["expr"] for p in dashboard["panels"] if p["type"] == "logs" for t in p["targets"]]
+    return query
+
+
+def test_config_reaches_the_explanations_panel(custom) -> None:
+    """The Loki stream labels are _config: the cluster's follows clusterLabel unless set, '' leaves a matcher
+    out, and logsSelector is whatever the deployment's shipper labels the agent's lines with (a systemd host's
+    journal here)."""
+    assert _logql(custom["dashboards"]["oomwatch-dashboard.json"]).startswith(
+        '{k8s_cluster=~"$cluster", node_name=~"$node", container="oomwatch"} |= ')
+    journal = jsonnet("local m = (import 'mixin.libsonnet') + {_config+:: {logsSelector: 'unit=\"oomwatch.service\"', "
+                      "logsNodeLabel: 'host', logsClusterLabel: ''}}; m.grafanaDashboards")
+    assert _logql(journal["oomwatch-dashboard.json"]).startswith('{host=~"$node", unit="oomwatch.service"} |= ')
+    alloy = jsonnet("local m = (import 'mixin.libsonnet') + {_config+:: {logsNodeLabel: ''}}; m.grafanaDashboards")
+    assert _logql(alloy["oomwatch-dashboard.json"]).startswith('{cluster=~"$cluster", container="oomwatch"} |= ')
