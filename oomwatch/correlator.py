@@ -226,9 +226,13 @@ class Correlator:
         self.stats.records += 1
         if record.seq is not None:
             self.last_seq = record.seq
-        if not record.text:
+        text = record.text
+        if not text:
             return self._drain()  # the reader's pre-filter found no OOM words in it
-        line = parse_oom_line(record.text)
+        if text[0] == "[" and not any(marker in text for marker in _OOM_MARKERS):
+            self._memory_text(record)  # a task table's row (most of a report's memory part): no OOM line
+            return self._drain()
+        line = parse_oom_line(text)
         if line is None:
             if any(marker in record.text for marker in _OOM_MARKERS):
                 self.stats.parse_errors += 1

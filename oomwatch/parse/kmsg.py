@@ -40,6 +40,11 @@ def unescape(raw: bytes) -> str:
     come out as `\\xNN` again rather than failing."""
     if b"\\" not in raw:  # the common case: nothing escaped
         return raw.decode("utf-8", "backslashreplace")
+    # An OOM report's stats block is one record of lines (6.1): newlines are its only escapes. A backslash of
+    # the text itself is escaped too (\x5c), so every `\x0a` is an escaped newline.
+    lines = raw.replace(b"\\x0a", b"\n")
+    if b"\\" not in lines:
+        return lines.decode("utf-8", "backslashreplace")
     return _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), raw).decode("utf-8", "backslashreplace")
 
 

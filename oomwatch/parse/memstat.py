@@ -37,6 +37,8 @@ _STATS_HEAD = "Memory cgroup stats for "
 _TASKS_HEAD = "Tasks state (memory values in pages):"
 _MEMINFO_HEAD = "Mem-Info:"
 _STAT_LINE = re.compile(r"([a-z][a-z0-9_]{0,63}) (\d{1,20})")
+# The same, for every line of a block at once (the common case: a v2 block and nothing else)
+_STAT_LINES = re.compile(r"^[ \t]*([a-z][a-z0-9_]{0,63}) (\d{1,20})[ \t]*$", re.MULTILINE)
 _V1_PAIR = re.compile(r"([a-z][a-z0-9_]{0,63}):(\d{1,20})(KB|kB)?")
 _MEMINFO_PAIR = re.compile(r"([a-z][a-z0-9_()]{0,63}):(\d{1,20})")
 # Columns every known task table header has, in the kernel's order; the name is always last.
@@ -132,6 +134,13 @@ def parse_memory_stat_line(text: str) -> Optional[tuple[str, int]]:
 def parse_memory_stat_block(text: str) -> Optional[MemoryStat]:
     """A whole block: `key value` lines (v2 keys in bytes, or a v1 file's keys in bytes), or v1's
     `key:NKB key:NKB` on one line (kB). None when any part is not such a pair, or for no pairs at all."""
+    block = text.strip()
+    pairs = _STAT_LINES.findall(block)
+    if pairs and len(pairs) == block.count("\n") + 1 and len(pairs) <= MAX_STAT_KEYS:  # one pair a line
+        fast = {key: int(value) for key, value in pairs}
+        if max(fast.values()) <= _U64_MAX:
+            return MemoryStat(MappingProxyType(fast), "v1" if ("cache" in fast or "rss" in fast)
+                              and "anon" not in fast else "v2", "bytes")
     values: dict[str, int] = {}
     unit = "bytes"
     lines = text.split("\n", MAX_STAT_KEYS + 1)
