@@ -21,8 +21,9 @@ What the node can know, and what it cannot:
   and are the witness queue's `died_with`; memory.events `oom_kill` counts the kills the log lost.
 - systemd-oomd marks the cgroup it kills: the xattr `user.oomd_ooms` is incremented before its SIGKILLs and
   `user.oomd_kill` by the number of processes killed after them (systemd src/oom/oomd-util.c; `user.oomd_ooms`
-  since systemd#22629, v251; before it, only `user.oomd_kill`). A write of an xattr raises IN_ATTRIB on the
-  cgroup's directory for an inotify watch.
+  since systemd#22629, 2022, systemd 251; before it only `user.oomd_kill`, and since systemd#42373, 2026, a
+  kill through `cgroup.kill` leaves `user.oomd_kill` alone: `user.oomd_ooms` is the mark). A write of an xattr
+  raises IN_ATTRIB on the cgroup's directory for an inotify watch.
 - The kubelet's eviction sets the pod's `status.reason: Evicted`, `status.message: The node was low on
   resource: memory. …` (kubernetes pkg/kubelet/eviction/helpers.go): the API says it, not the node.
 - A runtime stops a container by running `runc [global options] kill [--all] <container id> <signal>` (go-runc
