@@ -161,11 +161,17 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
 @click.option("--tz", "tz_name", default=None, metavar="ZONE",
               help="Time zone of a saved log's dates printed without one (journalctl, dmesg -T), e.g. "
                    "Europe/Berlin. Default: this machine's.")
+@click.option("--job", default=None, metavar="NAME",
+              help="Only this job's kills (its training or batch job, controlling owner or Slurm job id; "
+                   "NAMESPACE/NAME narrows the namespace), and whether each restart of its pods followed one.")
+@click.option("--incidents", "incidents_source", default=None, metavar="URL|PATH",
+              help="With --job: the incidents of the agent's /incidents (http://HOST:9717) or of its events file, "
+                   "which know each pod's job. Default: the kernel log (which names Slurm jobs only).")
 @click.option("--json", "as_json", is_flag=True, help="The same report as JSON.")
 @click.option("--color/--no-color", default=None, help="Colour (default: only on a terminal).")
 @click.pass_context
 def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, target, container,
-            since, limit, tz_name, as_json, color) -> None:
+            since, limit, tz_name, job, incidents_source, as_json, color) -> None:
     """Explain this node's OOM posture and recent OOM kills in plain words (read-only, one shot).
 
     CGROUP-OR-POD narrows the report to a pod (`namespace/pod`, or just the pod name) or a cgroup path
@@ -177,6 +183,7 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
       oomwatch inspect ml/train-0 --container trainer --since 2h
       journalctl -k -b -1 | oomwatch inspect --kmsg -
       oomwatch inspect --json --kmsg fixtures/kmsg/linux-6.1-runc-group-pidns.kmsg
+      oomwatch inspect --job train --incidents http://127.0.0.1:9717   # a JobSet's kills and restarts
 
     "At risk" lists workloads that use 80% of their memory limit (working set, as the kubelet counts it) or
     stall on memory (PSI), least headroom first, each with its reason; "Restarted containers" says whether a
@@ -217,6 +224,12 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
     saved_log = ctx.get_parameter_source("kmsg") != source and kernel_log_kind(kmsg) == SAVED
     # A saved log may come from another node: this host's cgroups would describe the wrong one.
     node_view = not saved_log or ctx.get_parameter_source("cgroup_root") != source
+    if job is not None or incidents_source is not None:
+        if job is None:
+            raise click.BadParameter("--incidents goes with --job NAME", param_hint="--incidents")
+        _inspect_job(config, job, incidents_source, since_ts, as_json, color,
+                     lambda: build_report(config, since=since_ts, node_view=node_view, tz=tz)["incidents"])
+        return
     report = build_report(config, target=target, container=container, since=since_ts, node_view=node_view, tz=tz,
                           limit=limit or None, since_label=since)
     error = (report.get("kmsg") or {}).get("error")
@@ -231,6 +244,22 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
         click.echo(render_text(report, color=use_color, width=terminal_width()), nl=False, color=use_color)
     if error:
         click.echo(f"oomwatch: cannot read the kernel log ({error}); shown: node posture and workloads", err=True)
+
+
+def _inspect_job(config, job, source, since, as_json, color, kernel_log_incidents) -> None:
+    """`inspect --job`: the job's kills (oomwatch.jobreport) and the restarts of its pods on this node."""
+    from oomwatch.inspect import terminal_width
+    from oomwatch.jobreport import IncidentsUnavailable, build_job_report, render_job_text
+
+    try:
+        report = build_job_report(config, job, source, since=since, kernel_log_incidents=kernel_log_incidents)
+    except IncidentsUnavailable as exc:
+        raise click.ClickException(f"cannot read the incidents: {exc}") from None
+    if as_json:
+        click.echo(json.dumps(jsonable(report), indent=2))
+    else:
+        use_color = sys.stdout.isatty() if color is None else color
+        click.echo(render_job_text(report, color=use_color, width=terminal_width()), nl=False, color=use_color)
 
 
 def jsonable(value):
