@@ -298,7 +298,7 @@ def memory_reports(texts: Iterable[str]) -> Iterator[OomMemoryReport]:
                 yield state.report()
             state = _ReportState(started=True, section="meminfo")
             continue
-        if state.section == "stats":
+        if state.section == "stats" and text[:1] not in ("T", "["):  # the task table follows the block
             block = parse_memory_stat_block(text)
             if block is not None and block.dialect == "v2":
                 state.stat_values.update(block.values)
