@@ -1,10 +1,12 @@
-"""`oomwatch inspect --job NAME`: one job's OOM kills on this node, and whether each restart of its pods followed one.
+"""`oomwatch inspect --job NAME`: one job's OOM kills on this node, and whether each restart of its pods
+followed one.
 
 Which job a Kubernetes pod belongs to is known to the agent (the API server's owner references and the pod's
-labels: docs/contract.md `workload.job` and `workload.owner`), not to the kernel log: the kills come from the agent's
-`/incidents` or its events file (`--incidents URL|PATH`), else from the kernel log, where only Slurm jobs are named
-(by their cgroup). The restarts are this node's: a container's restart count from its pod log files and its current
-run's start (its cgroup's creation), as `inspect` reads them; the kills say which run they hit (the container id).
+labels: docs/contract.md `workload.job` and `workload.owner`), not to the kernel log: the kills come from the
+agent's `/incidents` or its events file (`--incidents URL|PATH`), else from the kernel log, where only Slurm
+jobs are named (by their cgroup). The restarts are this node's: a container's restart count from its pod log
+files and its current run's start (its cgroup's creation), as `inspect` reads them; the kills say which run
+they hit (the container id).
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ def parse_events_lines(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
 
 
 def load_incidents(source: str, timeout: float = 10.0) -> tuple[list[dict[str, Any]], int]:
-    """The incidents of the agent's /incidents (a URL) or of an events file (a path), oldest first, and how many
-    lines of the file were not incidents."""
+    """The incidents of the agent's /incidents (a URL) or of an events file (a path), oldest first, and how
+    many lines of the file were not incidents."""
     url = incidents_url(source)
     if url is not None:
         try:
@@ -85,8 +87,8 @@ def load_incidents(source: str, timeout: float = 10.0) -> tuple[list[dict[str, A
 
 
 def job_of(workload: dict[str, Any]) -> Optional[tuple[str, str]]:
-    """(kind, name) of a workload's job as oomwatch_workload_job_info names it: the training or batch job, else
-    the controlling owner; a Slurm job; None when not known."""
+    """(kind, name) of a workload's job as oomwatch_workload_job_info names it: the training or batch job,
+    else the controlling owner; a Slurm job; None when not known."""
     job = workload.get("job") or workload.get("owner")
     if isinstance(job, dict) and job.get("name"):
         return str(job.get("kind") or ""), str(job["name"])
@@ -115,8 +117,9 @@ def _time(incident: dict[str, Any]) -> Optional[float]:
 
 
 def container_runs(config: Config) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Each live Kubernetes container of this node, by (namespace, pod, container): its current run's container
-    id and start (its cgroup's creation: a restart makes a new cgroup) and its restart count (pod log files)."""
+    """Each live Kubernetes container of this node, by (namespace, pod, container): its current run's
+    container id and start (its cgroup's creation: a restart makes a new cgroup) and its restart count (pod
+    log files)."""
     from oomwatch.inspect import restart_count
     from oomwatch.node import node_layout
     from oomwatch.sources.cgroupfs import CgroupFS
@@ -149,8 +152,9 @@ def container_runs(config: Config) -> dict[tuple[str, str, str], dict[str, Any]]
 
 
 def after_kill(incident: dict[str, Any], run: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """What followed a kill of a container, where this node can know it: the run it hit is the current one (no
-    restart since), or an earlier one (the container was restarted since), or the container is not here now."""
+    """What followed a kill of a container, where this node can know it: the run it hit is the current one
+    (no restart since), or an earlier one (the container was restarted since), or the container is not here
+    now."""
     workload = incident.get("workload") or {}
     when = _time(incident)
     if run is None:
@@ -169,25 +173,29 @@ def after_kill(incident: dict[str, Any], run: Optional[dict[str, Any]]) -> dict[
     later = f", {began - when:.0f} s after the kill" if when is not None and began >= when else ""
     ended = (" (a group kill of the container: the kill ended that run)"
              if incident.get("kind") == "group" and incident.get("scope") in ("container", "pod") else "")
-    return {"restarted": True, "why": f"restarted since: its current run began at {utc_seconds(began)}{later}{ended}"}
+    why = f"restarted since: its current run began at {utc_seconds(began)}{later}{ended}"
+    return {"restarted": True, "why": why}
 
 
 def build_job_report(config: Config, job: str, source: Optional[str], *,
                      kernel_log_incidents: Callable[[], list[dict[str, Any]]], since: Optional[float] = None,
                      runs: Optional[dict[tuple[str, str, str], dict[str, Any]]] = None) -> dict[str, Any]:
-    """The report as data (also the `--json` output). `source`: the agent's /incidents URL or its events file;
-    None reads the kernel log (`kernel_log_incidents`, as `inspect` reads it). `since`: only kills since then."""
+    """The report as data (also the `--json` output). `source`: the agent's /incidents URL or its events
+    file; None reads the kernel log (`kernel_log_incidents`, as `inspect` reads it). `since`: only kills since
+    then."""
     notes: list[str] = []
     unreadable = 0
     if source is not None:
         incidents, unreadable = load_incidents(source)
         if unreadable:
-            notes.append(f"{unreadable} line{'' if unreadable == 1 else 's'} of {source} {'is' if unreadable == 1 else 'are'} "
-                         "not an incident (a torn line, or another program's output): skipped")
+            one = unreadable == 1
+            notes.append(f"{unreadable} line{'' if one else 's'} of {source} {'is' if one else 'are'} not an "
+                         "incident (a torn line, or another program's output): skipped")
     else:
         incidents = kernel_log_incidents()
-        notes.append("read from the kernel log, which names Slurm jobs (by their cgroup) but not a Kubernetes pod's "
-                     "job: for those, pass --incidents with the agent's /incidents URL or its events file")
+        notes.append("read from the kernel log, which names Slurm jobs (by their cgroup) but not a "
+                     "Kubernetes pod's job: for those, pass --incidents with the agent's /incidents URL or "
+                     "its events file")
     kills = sorted((i for i in incidents if is_jobs(i, job)
                     and (since is None or (_time(i) is not None and _time(i) >= since))),
                    key=lambda i: _time(i) or 0.0, reverse=True)
@@ -198,7 +206,8 @@ def build_job_report(config: Config, job: str, source: Optional[str], *,
     for incident in kills:
         w = incident.get("workload") or {}
         key = (w.get("namespace") or "", w.get("pod") or "", w.get("container") or "")
-        pod = pods.setdefault(key[:2] if key[1] else ("", _not_a_pod(w, incident)), {"kills": 0, "group_kills": 0})
+        pod_key = key[:2] if key[1] else ("", _not_a_pod(w, incident))
+        pod = pods.setdefault(pod_key, {"kills": 0, "group_kills": 0})
         pod["kills"] += 1
         pod["group_kills"] += incident.get("kind") == "group"
         followed = after_kill(incident, runs.get(key)) if key[1] and key[2] else {
@@ -208,22 +217,24 @@ def build_job_report(config: Config, job: str, source: Optional[str], *,
     for (namespace, pod, container), run in sorted(runs.items()):
         if (namespace, pod) not in pods:
             continue
-        mine = [(t, ((i.get("victim") or {}).get("comm") or "a process")) for i in kills
-                for t in [_time(i)] if t is not None
-                and (i.get("workload") or {}).get("container") == container
-                and (i.get("workload") or {}).get("pod") == pod and (i.get("workload") or {}).get("namespace") == namespace]
-        restarts.append({"namespace": namespace, "pod": pod, "container": container, **restart_verdict(run, mine)})
-    return {"job": job, "jobs": [{"kind": k, "name": n} for k, n in jobs if n], "source": source or config.kmsg,
+        mine = [(when, (row["incident"].get("victim") or {}).get("comm") or "a process") for row in rows
+                for when in [_time(row["incident"])] if when is not None
+                and row["container"] == (namespace, pod, container)]
+        restarts.append({"namespace": namespace, "pod": pod, "container": container,
+                         **restart_verdict(run, mine)})
+    after = [{"time": r["incident"].get("time"), "namespace": r["container"][0], "pod": r["container"][1],
+              "container": r["container"][2], **r["after"]} for r in rows]
+    return {"job": job, "jobs": [{"kind": k, "name": n} for k, n in jobs if n],
+            "source": source or config.kmsg,
             "kills": len(kills), "group_kills": sum(i.get("kind") == "group" for i in kills),
             "pods": [{"namespace": ns, "pod": p, **v} for (ns, p), v in sorted(pods.items())],
-            "restarts": restarts, "incidents": [r["incident"] for r in rows],
-            "after_kill": [{"time": r["incident"].get("time"), "namespace": r["container"][0], "pod": r["container"][1],
-                            "container": r["container"][2], **r["after"]} for r in rows],
+            "restarts": restarts, "incidents": [r["incident"] for r in rows], "after_kill": after,
             "in_source": len(incidents), "notes": notes}
 
 
 def _not_a_pod(workload: dict[str, Any], incident: dict[str, Any]) -> str:
-    """What stands for a pod in the report where the workload is not one: a Slurm job's step, a unit, a cgroup."""
+    """What stands for a pod in the report where the workload is not one: a Slurm job's step, a unit, a
+    cgroup."""
     if workload.get("slurm_job"):
         step = f" step {workload['slurm_step']}" if workload.get("slurm_step") else ""
         return f"Slurm job {workload['slurm_job']}{step}"
@@ -252,14 +263,16 @@ def render_job_text(report: dict[str, Any], color: bool = False, width: int = 80
     kinds = ", ".join(f"{j['kind']} {j['name']}" if j["kind"] else j["name"] for j in report["jobs"])
     n, g = report["kills"], report["group_kills"]
     out = [s.bold(f"Job {report['job']}") + (f" ({kinds})" if kinds else "")]
-    out.extend(_wrap(f"{n} OOM kill{'' if n == 1 else 's'} on this node ({g} group kill{'' if g == 1 else 's'}) "
-                     f"in {len(report['pods'])} pod{'' if len(report['pods']) == 1 else 's'}, of the "
-                     f"{report['in_source']} incident{'' if report['in_source'] == 1 else 's'} of {report['source']}",
-                     width))
+    pods, seen = len(report["pods"]), report["in_source"]
+    def plural(count: int, word: str) -> str:
+        return f"{count} {word}{'' if count == 1 else 's'}"
+
+    out.extend(_wrap(f"{plural(n, 'OOM kill')} on this node ({plural(g, 'group kill')}) in "
+                     f"{plural(pods, 'pod')}, of the {plural(seen, 'incident')} of {report['source']}", width))
     for pod in report["pods"]:
         name = f"{pod['namespace']}/{pod['pod']}" if pod["namespace"] else pod["pod"]
-        out.extend(_wrap(f"{name}: {pod['kills']} kill{'' if pod['kills'] == 1 else 's'}, {pod['group_kills']} "
-                         "group", width))
+        kills = pod["kills"]
+        out.extend(_wrap(f"{name}: {plural(kills, 'kill')}, {pod['group_kills']} group", width))
     for note in report["notes"]:
         out.extend(_wrap(s.yellow("note: ") + note, width, indent=""))
     out.append("")
