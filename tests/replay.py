@@ -267,7 +267,8 @@ class Replay:
         healthy = AgentStatus(checks={c: True for c in AGENT_CHECKS if c != "proc_connector"})  # as a running agent
         return OomwatchCollector(view, lambda: scraped_workloads(view.workloads, StatCache(fs), fs, set()),
                                  lambda: posture.info_with(view.single_process_oom_kill),
-                                 cgroup_parse_errors=lambda: fs.parse_errors, agent_status=lambda: healthy)
+                                 cgroup_parse_errors=lambda: fs.parse_errors, agent_status=lambda: healthy,
+                                 workloads=lambda: view.workloads)
 
     def metrics(self, config: Config) -> bytes:
         """/metrics as the agent serves it from this pipeline's snapshot, over `config`'s fixture tree."""

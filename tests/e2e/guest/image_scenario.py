@@ -446,7 +446,7 @@ class ImageAgent(d.Scenario):
         """Every panel query of the dashboard over the scenario's time: range queries for time series panels,
         instant queries (with $__range = the scenario's length) for the others."""
         sys.path.insert(0, d.REPO)
-        from tests.deploy.dashboard import substitute
+        from tests.deploy.dashboard import prometheus_targets, substitute
 
         with open(d.DASHBOARD) as f:
             dashboard = json.load(f)
@@ -459,7 +459,7 @@ class ImageAgent(d.Scenario):
                      "node": self.prom.node}
         for panel in dashboard["panels"]:
             entry = {"id": panel.get("id"), "title": panel.get("title"), "type": panel.get("type"), "targets": []}
-            for target in panel.get("targets", []):
+            for target in prometheus_targets(panel):  # the logs panel's LogQL is Loki's (tests/deploy/dashboard.py)
                 expr = substitute(target["expr"], variables)
                 if panel.get("type") == "timeseries":
                     r = self.prom.api("/api/v1/query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}",
