@@ -732,6 +732,26 @@ local panelNames = {
           sortOrder: 'Descending',
         },
       },
+      {
+        id: 19,
+        type: 'bargauge',
+        title: 'What held the memory at the last kill',
+        description: 'For each workload OOM-killed in the time range: what held the memory of the cgroup whose limit was hit at its last kill, by type (anon, page cache, tmpfs/shmem, kernel, socket buffers, unevictable; the types that held nothing are left out), from the kernel\'s own report (oomwatch_last_oom_kill_memory_bytes). shmem that fills the limit stays charged after a restart; the verdict, the largest processes and what to change are in each incident (Explanations, /incidents). Workloads whose report the kernel\'s ratelimit hid have no bars.',
+        datasource: { type: 'prometheus', uid: '${datasource}' },
+        gridPos: { x: 0, y: 64, w: 24, h: 8 },
+        targets: [
+          {
+            refId: 'A',
+            datasource: { type: 'prometheus', uid: '${datasource}' },
+            expr: 'max by (namespace, pod, container, cgroup, type) (oomwatch_last_oom_kill_memory_bytes{%(workload)s}) > 0 and on (namespace, pod, container, cgroup) (sum by (namespace, pod, container, cgroup) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)' % selectors,
+            legendFormat: '{{namespace}}/{{pod}}/{{container}}{{cgroup}} {{type}}',
+            instant: true,
+            range: false,
+          },
+        ],
+        fieldConfig: { defaults: { unit: 'bytes', min: 0 }, overrides: [] },
+        options: { orientation: 'horizontal', displayMode: 'basic', showUnfilled: true },
+      },
     ],
 
   grafanaDashboards+:: {

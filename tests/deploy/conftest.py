@@ -52,6 +52,7 @@ CONTRACT_METRICS = {
     "oomwatch_oom_killed_processes_total",
     "oomwatch_last_oom_kill_timestamp_seconds",
     "oomwatch_last_oom_kill_info",
+    "oomwatch_last_oom_kill_memory_bytes",
     "oomwatch_memory_oom_group",
     "oomwatch_memory_limit_bytes",
     "oomwatch_memory_usage_bytes",
