@@ -27,6 +27,9 @@ The attacks (the issue's figures):
 issue 19 (item 8):
 - unique-accept, unique-accept-250: 100 (250) keep-alive clients, each with an Accept header of its own,
   scrape /metrics back to back for 15 s;
+- unique-accept-250-10: the same 250 clients spread over 10 addresses (127.0.0.2-11): an attacker with
+  several addresses;
+- scrape-loop: one keep-alive connection scrapes /metrics back to back for 15 s (a single looping client);
 - pipelined: every second for 10 s, 20 connections each send 1,000 pipelined `GET /metrics` (34 KB) and
   read whatever comes back;
 - auth-guess, auth-guess-cost14: basic auth with a bcrypt hash of cost 12 (14); 8 clients send wrong
@@ -340,8 +343,8 @@ def slow_readers(port: int, stop: Event, notes: dict) -> None:
 ATTACKER = "127.0.0.2"
 
 
-def attacker_connection(port: int, timeout: float = 30) -> http.client.HTTPConnection:
-    return http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(ATTACKER, 0))
+def attacker_connection(port: int, timeout: float = 30, source: str = ATTACKER) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection("127.0.0.1", port, timeout=timeout, source_address=(source, 0))
 
 
 def in_threads(n: int, target, seconds: float, stop: Event) -> None:
@@ -356,15 +359,16 @@ def in_threads(n: int, target, seconds: float, stop: Event) -> None:
         t.join(timeout=40)
 
 
-def _unique_accept(port: int, stop: Event, notes: dict, clients: int) -> None:
+def _unique_accept(port: int, stop: Event, notes: dict, clients: int, addresses: int = 1) -> None:
     answered, errors = [0] * clients, [0]
 
     def client(i: int, until: float) -> None:
         conn = None
         accept = f"text/plain;version=0.0.4;q=0.{i:03d},application/x-attacker-{i};q=0.1"
+        source = f"127.0.0.{2 + i % addresses}"
         while time.monotonic() < until and not stop.is_set():
             try:
-                conn = conn or attacker_connection(port)
+                conn = conn or attacker_connection(port, source=source)
                 conn.request("GET", "/metrics", headers={"Accept": accept})
                 conn.getresponse().read()
                 answered[i] += 1
@@ -375,7 +379,8 @@ def _unique_accept(port: int, stop: Event, notes: dict, clients: int) -> None:
                 conn = None
 
     in_threads(clients, client, 15, stop)
-    notes["requests"] = f"{sum(answered):,} answered to {clients} clients, {errors[0]} errors"
+    notes["requests"] = (f"{sum(answered):,} answered to {clients} clients"
+                         f"{f' from {addresses} addresses' if addresses > 1 else ''}, {errors[0]} errors")
 
 
 def unique_accept(port: int, stop: Event, notes: dict) -> None:
@@ -384,6 +389,14 @@ def unique_accept(port: int, stop: Event, notes: dict) -> None:
 
 def unique_accept_250(port: int, stop: Event, notes: dict) -> None:
     _unique_accept(port, stop, notes, 250)
+
+
+def unique_accept_250_10(port: int, stop: Event, notes: dict) -> None:
+    _unique_accept(port, stop, notes, 250, addresses=10)
+
+
+def scrape_loop(port: int, stop: Event, notes: dict) -> None:
+    _unique_accept(port, stop, notes, 1)
 
 
 def pipelined(port: int, stop: Event, notes: dict) -> None:
@@ -495,7 +508,8 @@ def ipv6_idle(port: int, stop: Event, notes: dict) -> None:
 
 ATTACKS = {"slowloris": slowloris, "big-headers": big_headers, "half-sent": half_sent,
            "idle-connections": idle_connections, "slow-readers": slow_readers,
-           "unique-accept": unique_accept, "unique-accept-250": unique_accept_250, "pipelined": pipelined,
+           "unique-accept": unique_accept, "unique-accept-250": unique_accept_250,
+           "unique-accept-250-10": unique_accept_250_10, "scrape-loop": scrape_loop, "pipelined": pipelined,
            "auth-guess": _auth_guess, "auth-guess-cost14": _auth_guess, "tls-handshakes": tls_handshakes,
            "never-read-300": never_read_300, "ipv6-idle": ipv6_idle}
 SETUPS = {"auth-guess": "basic-auth-12", "auth-guess-cost14": "basic-auth-14", "tls-handshakes": "tls",

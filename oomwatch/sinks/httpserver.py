@@ -24,11 +24,30 @@ What a client can make this server do, at most:
   beyond, the connection is closed. Buffered requests are answered from the loop, one per connection per turn,
   never by recursion.
 - start at most one scrape at a time, and scrapes that take at most `scrape_cpu_share` of a core in all (the
-  next starts no sooner than the last one's CPU time allows), so a flood of scrapers cannot take the CPU
-  that the agent's kernel-log reading needs. Requests that want the same scrape (same key: the route makes keys from
-  a small set, never from a raw header) while it runs share it (single flight); a request whose client has
-  gone before its scrape starts costs nothing. At most `max_bodies` finished scrape bodies stay in memory for
-  slow readers; the slowest are dropped beyond.
+  next starts no sooner than the last one's CPU time allows: the pacing window), so a flood of scrapers cannot
+  take the CPU that the agent's kernel-log reading needs. A scrape wanted by a client that was served none
+  in the last `paced_within` seconds (Prometheus, every 15-60 s) starts without waiting for the window: a
+  client scraping back to back cannot make a scraper on another address wait for it, and each address can
+  add at most one such scrape a second (a client is an address, which a peer cannot make up without end).
+  Requests that want the same scrape (same key: the
+  route makes keys from a small set, never from a raw header) share it: a request joins the running scrape
+  while its body is whole, else takes the body of the scrape that ended within the pacing window if its client
+  was not served that body, else waits for the next scrape, which all that wait share. A request whose client
+  has gone before its scrape starts costs nothing. At most `max_bodies` finished scrape bodies stay in memory
+  for slow readers; the slowest are dropped beyond.
+- have at most `scrapes_per_client` of its requests served from scrapes at a time (Prometheus sends one per
+  target, an HA pair behind one address two). Its further requests wait their turn, in order, parsed but
+  unanswered and taking no part in any scrape, so another client's request never waits behind them: a flood
+  of connections from one address is served two at a time while a scraper on another address joins the scrape
+  that runs. A client's connections, however many, also share one client's bandwidth (above).
+- keep a body whole only while scrapes are wanted concurrently (a second request shares it, or it was asked
+  for while another ran), and then until the pacing window after it ends: a newcomer joins such a body from
+  its start or takes it just after, never waiting for the scrape after it. A lone scraper's body (Prometheus,
+  or one client scraping back to back) is dropped as it is sent, as before: its memory. A body
+  taken just after its scrape is at most the pacing window old (the scrape's own CPU time, at the default
+  share): Prometheus stamps samples with the time it asked, and values read that much earlier are what a
+  scrape that started that much earlier would have given (the body itself is read over a scrape's whole
+  duration); no fresher body could be made before the window ends anyway.
 - wait for a slow check the route asks for (`Check`: a bcrypt password check) on the check thread, one check
   at a time, at most one waiting per client and `max_checks_waiting` in all (beyond, the route's `busy`
   answer). The client whose last check is oldest goes first; one who never had one goes at once, the others
@@ -79,6 +98,8 @@ class Limits:
     max_checks_waiting: int = 64  # clients waiting for a password check
     check_cpu_share: float = 0.25  # of one core, at most, for checks: after one of c CPU seconds, c × 3 without
     scrape_cpu_share: float = 0.5  # of one core, at most, for scrapes: after one of c CPU seconds, c without
+    scrapes_per_client: int = 2  # a client's requests served from scrapes at once; its others wait their turn
+    paced_within: float = 1.0  # a client served a scrape this recently waits for the pacing window
     tls_handshakes_per_client: float = 20.0  # a second, after a burst of twice as many: beyond, closed unread
 
 
@@ -256,7 +277,7 @@ class _Flight:
     each chunk once all of them have it, so a streamed body does not pile up in memory."""
 
     __slots__ = ("key", "content_type", "chunks", "base", "done", "error", "conns", "abandoned", "started",
-                 "overdue", "cpu")
+                 "overdue", "cpu", "keep", "clients", "reuse_until")
 
     def __init__(self, key: str) -> None:
         self.key = key
@@ -270,18 +291,22 @@ class _Flight:
         self.error: Optional[BaseException] = None
         self.conns: set[_Conn] = set()
         self.abandoned = False  # every client left: the worker stops producing
+        self.keep = False  # drop no chunk: a newcomer can still have the whole body (scrapes back to back)
+        self.clients: set[str] = set()  # the clients served from it (a client takes a finished body once)
+        self.reuse_until = 0.0  # (monotonic) finished and kept: newcomers take it until then (pacing window)
 
 
 class _Conn:
     __slots__ = ("sock", "tls", "state", "inbuf", "out", "deadline", "since", "events", "keep_alive",
                  "flight", "extra_headers", "chunk", "chunked", "headers_sent", "terminated", "peer_cert",
-                 "closed", "client", "burst", "check", "held", "release_at")
+                 "closed", "client", "burst", "check", "held", "release_at", "scrape")
 
     def __init__(self, sock: socket.socket, tls: bool, now: float, header_timeout: float, client: str) -> None:
         self.sock = sock
         self.tls = tls
         self.client = client
-        self.state = "handshake" if tls else "head"  # handshake | idle | head | checking | waiting | writing
+        # handshake | idle | head | checking | holding | queued | waiting | writing
+        self.state = "handshake" if tls else "head"
         self.inbuf = bytearray()
         self.out: deque[memoryview] = deque()
         self.deadline: Optional[float] = now + header_timeout
@@ -300,6 +325,7 @@ class _Conn:
         self.check: Optional[Check] = None  # the password check it waits for
         self.held: Optional[Response] = None  # a response it waits for (Response.hold), until release_at
         self.release_at = 0.0
+        self.scrape: Optional[Scrape] = None  # the scrape it waits to join (queued: its client has its share)
 
     @property
     def evictable(self) -> bool:
@@ -348,6 +374,11 @@ class HttpServer:
         self._running: Optional[_Flight] = None
         self._pending: dict[str, _Flight] = {}
         self._finished: deque[_Flight] = deque()  # done flights whose body someone is still reading
+        self._last: Optional[_Flight] = None  # the last finished body, kept whole: newcomers take it
+        self._served_at: OrderedDict[str, float] = OrderedDict()  # client → when its last scrape ended
+        self._scraping: dict[str, int] = {}  # client → its connections in a scrape (joined to a flight)
+        self._queued: dict[str, deque[_Conn]] = {}  # client → its connections waiting their turn, in order
+        self._freed: deque[str] = deque()  # clients with a scrape just ended: their next queued one joins
         self._work: queue.SimpleQueue[Optional[_Flight]] = queue.SimpleQueue()
         self.scrapes = 0  # scrapes started
         self.failed_scrapes = 0  # the producer raised, or ran past write_timeout
@@ -422,6 +453,8 @@ class HttpServer:
             deadlines.append(self._check_next_at)
         if self._pending and running is None:
             deadlines.append(self._scrape_next_at)
+        if self._last is not None:
+            deadlines.append(self._last.reuse_until)  # then its memory goes
         deadlines.extend(c.release_at for c in self._held)
         return min(deadlines) if deadlines else None
 
@@ -430,7 +463,7 @@ class HttpServer:
         while not self._stopping:
             deadline = self.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())  # None: until an event
-            for key, mask in self._sel.select(0 if self._ready else timeout):
+            for key, mask in self._sel.select(0 if self._ready or self._freed else timeout):
                 if key.data is None:
                     self._guarded(self._accept)
                 elif key.data == "wake":
@@ -443,6 +476,10 @@ class HttpServer:
                 conn = self._ready.popleft()
                 if not conn.closed and conn.state == "idle":
                     self._guarded(self._read, conn)
+            # And for each client whose scrape ended: its next queued request joins one (from here too, not
+            # from where the scrape ended: a queue served from a kept body is a loop, not a recursion).
+            for _ in range(len(self._freed)):
+                self._guarded(self._dequeue, self._freed.popleft())
             self._expire(time.monotonic())
             self._guarded(self._next_check)  # one waiting for its turn on the CPU
             self._guarded(self._start_pending)  # likewise
@@ -513,6 +550,9 @@ class HttpServer:
             if response is not None:
                 self._guarded(self._respond, conn, Response(response.status, response.content_type, response.body,
                                                             response.headers))
+        last = self._last
+        if last is not None and last.reuse_until <= now:
+            self._last, last.keep = None, False  # a fresh scrape may start now: this body goes
         running = self._running
         if running is not None and not running.overdue and now - running.started >= self.limits.write_timeout:
             running.overdue = True  # its clients have given up on it: a failed scrape, whatever it does next
@@ -540,6 +580,12 @@ class HttpServer:
         if left:
             self._held_by[conn.client] = left
         self._leave_flight(conn)
+        if conn.state == "queued":
+            waiting = self._queued.get(conn.client)
+            if waiting is not None and conn in waiting:
+                waiting.remove(conn)
+                if not waiting:
+                    del self._queued[conn.client]
         if conn.check is not None and self._checks_waiting.get(conn.check.client) is conn:
             del self._checks_waiting[conn.check.client]
         try:
@@ -590,7 +636,7 @@ class HttpServer:
                 return self._close(conn)
             conn.inbuf += data
             room -= len(data)
-        if room <= 0 and conn.state in ("checking", "holding", "waiting", "writing"):
+        if room <= 0 and conn.state in ("checking", "holding", "queued", "waiting", "writing"):
             self._interest(conn, 0)  # pipelined requests wait in the buffer until this response is done
         if conn.state in ("idle", "head"):
             self._next_request(conn)
@@ -724,7 +770,7 @@ class HttpServer:
             else:
                 conn.out.append(memoryview(chunk))
             sent_by_all = min(c.chunk for c in flight.conns)
-            if sent_by_all > flight.base:  # the connections' out queues still hold what they have not sent
+            if sent_by_all > flight.base and not flight.keep:  # (out queues hold what they have not sent)
                 del flight.chunks[:sent_by_all - flight.base]
                 flight.base = sent_by_all
             return True
@@ -755,27 +801,75 @@ class HttpServer:
 
     # --- single-flight scrapes --------------------------------------------------------------------
 
-    def _join_flight(self, conn: _Conn, scrape: Scrape) -> None:
-        running = self._running
-        if running is not None and running.key == scrape.key and not running.abandoned and not running.base:
-            # (once a chunk was dropped a newcomer could not have the whole body: it waits for the next run)
-            flight = running
-        else:
-            flight = self._pending.get(scrape.key)
-            if flight is None:
-                flight = self._pending[scrape.key] = _Flight(scrape.key)
+    def _join_flight(self, conn: _Conn, scrape: Scrape, its_turn: bool = False) -> None:
+        client = conn.client
+        if self._scraping.get(client, 0) >= self.limits.scrapes_per_client or \
+                (client in self._queued and not its_turn):
+            # Its client has its share of scrapes in progress, or requests waiting before this one: this
+            # request waits its turn (_dequeue), and no other client's request waits behind it.
+            conn.scrape, conn.state = scrape, "queued"
+            self._queued.setdefault(client, deque()).append(conn)
+            return self._interest(conn, selectors.EVENT_READ)  # to notice a client that leaves while it waits
+        flight = self._flight_for(scrape.key, client)
         conn.flight, conn.extra_headers, conn.state = flight, scrape.headers, "waiting"
         flight.conns.add(conn)
+        flight.clients.add(client)
+        self._scraping[client] = self._scraping.get(client, 0) + 1
         self._interest(conn, selectors.EVENT_READ)  # to notice a client that leaves while it waits
+        if flight.done and flight is not self._running and flight not in self._finished:  # the last body
+            self._finished.append(flight)
+            self._drop_slowest()
         self._start_pending()
-        if flight is self._running:
+        if flight is self._running or flight.done:
             self._advance(conn)
+
+    def _flight_for(self, key: str, client: str) -> _Flight:
+        """The running scrape while its body is whole; else the one that just ended, kept whole, if this
+        client was not served from it (the pacing window forbids a fresher one); else the next, which all
+        share."""
+        running = self._running
+        if running is not None and running.key == key and not running.abandoned and not running.base and \
+                (not running.done or client not in running.clients):
+            # (once a chunk was dropped a newcomer could not have the whole body: it waits for the next run;
+            # one that ended, its end not yet seen by the loop, is as the last body: a client takes it once)
+            if running.conns:
+                running.keep = True  # shared: more may come, so it is kept whole for them
+            return running
+        last = self._last
+        if last is not None and last.key == key and client not in last.clients and not last.base and \
+                time.monotonic() < last.reuse_until:
+            return last
+        flight = self._pending.get(key)
+        if flight is None:
+            flight = self._pending[key] = _Flight(key)
+            # Asked for while another runs (a flood, or a scraper beside another): kept whole, so that a
+            # newcomer joins it at any point. A lone scraper's body is dropped as it is sent.
+            flight.keep = running is not None and not running.done
+        return flight
+
+    def _dequeue(self, client: str) -> None:
+        """The client's queued requests join scrapes, oldest first, while it has fewer than its share."""
+        waiting = self._queued.get(client)
+        while waiting and self._scraping.get(client, 0) < self.limits.scrapes_per_client:
+            conn = waiting.popleft()
+            scrape, conn.scrape = conn.scrape, None
+            if not waiting and self._queued.get(client) is waiting:
+                del self._queued[client]
+            if not conn.closed and conn.state == "queued" and scrape is not None:
+                self._join_flight(conn, scrape, its_turn=True)
 
     def _start(self, flight: _Flight) -> None:
         self._running = flight
         flight.started = time.monotonic()
+        flight.keep = flight.keep or len(flight.conns) > 1  # (shared from its start)
         self.scrapes += 1
         self._work.put(flight)
+
+    def _drop_slowest(self) -> None:
+        while len(self._finished) > self.limits.max_bodies:
+            for slow in list(self._finished.popleft().conns):
+                log.debug("http: dropping a client too slow to read its scrape")
+                self._close(slow)
 
     def _scrape_failed(self, error: str, exc: Optional[BaseException] = None) -> None:
         self.failed_scrapes += 1
@@ -796,6 +890,11 @@ class HttpServer:
             return
         conn.flight = None
         flight.conns.discard(conn)
+        left = self._scraping.pop(conn.client, 1) - 1
+        if left:
+            self._scraping[conn.client] = left
+        if conn.client in self._queued:
+            self._freed.append(conn.client)  # its next request's turn (the loop joins it: _dequeue)
         if flight.conns:
             return
         if flight is self._running and not flight.done:
@@ -815,8 +914,7 @@ class HttpServer:
             if not (flight.done or flight.chunks):
                 return
             if flight.error is not None or flight.content_type is None:
-                conn.flight = None
-                flight.conns.discard(conn)
+                self._leave_flight(conn)
                 return self._respond(conn, Response(500, "text/plain; charset=utf-8", b"scrape failed\n"))
             length = sum(map(len, flight.chunks)) if flight.done else None
             conn.out.append(memoryview(self._head(conn, 200, flight.content_type, length, conn.extra_headers)))
@@ -844,23 +942,48 @@ class HttpServer:
             if conn.state == "waiting":
                 self._advance(conn)
         if done:
+            now = time.monotonic()
             self._running = None
-            self._scrape_next_at = time.monotonic() + flight.cpu * (1 / self.limits.scrape_cpu_share - 1)
+            self._scrape_next_at = now + flight.cpu * (1 / self.limits.scrape_cpu_share - 1)
+            for client in flight.clients:
+                self._served_at[client] = now
+                self._served_at.move_to_end(client)
+            while len(self._served_at) > 4096:
+                self._served_at.popitem(last=False)
             self._scrape_ended(flight)
-            if flight.conns:
+            self._keep_last(flight, now)
+            if flight.conns and flight not in self._finished:
                 self._finished.append(flight)
-                while len(self._finished) > self.limits.max_bodies:
-                    for slow in list(self._finished.popleft().conns):
-                        log.debug("http: dropping a client too slow to read its scrape")
-                        self._close(slow)
+                self._drop_slowest()
             self._start_pending()
 
+    def _keep_last(self, flight: _Flight, now: float) -> None:
+        """A kept body that ended well stays for newcomers until the next scrape may start; any other goes."""
+        previous = self._last
+        if flight.keep and flight.error is None and not flight.abandoned and not flight.overdue and \
+                not flight.base and now < self._scrape_next_at:
+            flight.reuse_until = self._scrape_next_at
+            self._last = flight
+        else:
+            flight.keep = False
+            self._last = None
+        if previous is not None and previous is not self._last:
+            previous.keep = False  # its readers drop what they have all sent again
+
     def _start_pending(self) -> None:
-        """Start the scrape that waited longest, when none runs and scrape_cpu_share allows."""
-        if self._running is not None or not self._pending or time.monotonic() < self._scrape_next_at:
-            return  # (the loop's select wakes at _scrape_next_at)
+        """Start the scrape that waited longest, when none runs and scrape_cpu_share allows, or at once when a
+        client of it was served no scrape within paced_within."""
+        if self._running is not None or not self._pending:
+            return
+        now = time.monotonic()
         while self._pending:
-            nxt = self._pending.pop(next(iter(self._pending)))
+            key = next(iter(self._pending))
+            nxt = self._pending[key]
+            if nxt.conns and now < self._scrape_next_at and all(
+                    now - self._served_at.get(client, float("-inf")) < self.limits.paced_within
+                    for client in nxt.clients):
+                return  # (the loop's select wakes at _scrape_next_at)
+            del self._pending[key]
             if nxt.conns:
                 return self._start(nxt)
 
