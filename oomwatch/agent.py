@@ -18,9 +18,10 @@ import time
 from typing import Callable, Optional
 
 from oomwatch.config import Config
-from oomwatch.events import StateSaved, Stop, Tick
+from oomwatch.events import LogTailRead, StateSaved, Stop, Tick
 from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, node_layout, scraped_workloads
-from oomwatch.pipeline import Effects, Pipeline, Settings, View
+from oomwatch.parse.gpulog import container_log_dir, parse_log_tail, read_log_tail
+from oomwatch.pipeline import Effects, LogRequest, Pipeline, Settings, View
 from oomwatch.process import malloc_trimmed, nice_this_thread
 from oomwatch.sinks import EventsFileSink, LogSink, PodEventSink, Sink, StateFileSink
 from oomwatch.sinks.collector import AGENT_CHECKS, AgentStatus, OomwatchCollector
@@ -127,6 +128,7 @@ class Agent:
             log.log(level, "%s", message)
         for incident in fx.publish:
             publish_to(self.sinks, incident)
+        apply_deaths(self, fx)
         if fx.save is not None and self.state is not None:
             for sink in [self.state, *self.sinks]:  # the state first: a line never precedes what counts it
                 sink.flush(fx.save)
@@ -203,6 +205,36 @@ def publish_to(sinks: list[Sink], incident) -> None:
             log.exception("sink %s could not take an incident", type(sink).__name__)
 
 
+def apply_deaths(agent: Agent, fx: Effects) -> None:
+    """Deaths' verdicts to the sinks that show them; the container logs the pipeline asked for, read here and
+    stepped back as LogTailRead events, so that the pipeline stays pure."""
+    for death in fx.deaths:
+        for sink in agent.sinks:
+            publish = getattr(sink, "publish_death", None)
+            if publish is None:
+                continue
+            try:
+                publish(death)
+            except Exception:  # as publish_to: one sink's failure must not cost the others
+                log.exception("sink %s could not take a death", type(sink).__name__)
+    for request in fx.read_logs:
+        agent.events.put(LogTailRead(request.key, container_log_finding(agent.config.pod_log_dir, request)))
+
+
+def container_log_finding(pod_log_root: str, request: LogRequest):
+    """What the last lines of the container's latest log (`<restart count>.log`, the kubelet's layout) say about
+    memory (oomwatch.parse.gpulog), or None."""
+    folder = container_log_dir(pod_log_root, request.namespace, request.pod, request.pod_uid, request.container)
+    if folder is None:
+        return None
+    try:
+        runs = [int(name[:-4]) for name in os.listdir(folder) if name.endswith(".log") and name[:-4].isdigit()]
+    except OSError:  # no such directory (no kubelet here), or gone with the pod
+        return None
+    data = read_log_tail(f"{folder}/{max(runs)}.log") if runs else None
+    return parse_log_tail(data) if data else None
+
+
 def health_of(agent: Agent) -> tuple[bool, dict]:
     """/healthz: 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why."""
     kmsg_ok, kmsg = agent.kernel_log.health()
@@ -239,7 +271,8 @@ def _pipeline(agent: Agent, boot_id: str, skip: Optional[int], extra: dict) -> P
                         kmsg_source=kernel_log.kind, counting=kernel_log.kind is not None,
                         quiet=config.quiet_seconds, witness_wait=0.5 if config.proc_connector else 0.0,
                         persist=agent.state is not None, skip_upto=skip, saved_log=kernel_log.saved,
-                        page_size=None if kernel_log.saved else os.sysconf("SC_PAGE_SIZE"))
+                        page_size=None if kernel_log.saved else os.sysconf("SC_PAGE_SIZE"),
+                        read_logs=bool(config.pod_log_dir))
     resolver = WorkloadResolver(RuntimeNames(read_files=False), agent.pod_index, layout=agent.layout)
     return Pipeline(settings, agent.store, resolver, now=agent.clock(), accounts=extra.get("accounts"),
                     single_process_oom_kill=agent.posture.single_process_oom_kill(),

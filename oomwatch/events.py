@@ -8,7 +8,7 @@ replays to the same incidents, counts and state (tests/test_pipeline_replay.py).
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 from oomwatch.workloads.runtime import ContainerNames
 
@@ -68,16 +68,32 @@ class ProcessForked(NamedTuple):
 
 
 class ProcessExeced(NamedTuple):
-    """A process exec'd; `cgroup` is its cgroup as /proc said then (in the host's cgroup tree)."""
+    """A process exec'd; `cgroup` is its cgroup as /proc said then (in the host's cgroup tree); `ns_pid` its pid
+    in its own pid namespace (the last of /proc/PID/status NSpid: 1 for a container's init) and `comm` its name,
+    when they could be read."""
 
     pid: int
     cgroup: Optional[str]
+    ns_pid: Optional[int] = None
+    comm: Optional[str] = None
 
 
 class ProcessExited(NamedTuple):
+    """A process ended: by `signal` (its wait status's WTERMSIG), else with exit status `code`."""
+
     pid: int
-    signal: int
+    signal: Optional[int]
     time: float
+    code: Optional[int] = None
+
+
+class LogTailRead(NamedTuple):
+    """What the agent read of a container's log for a death the pipeline asked about (Effects.read_logs):
+    `finding` is oomwatch.parse.gpulog.parse_log_tail of its last lines (None: nothing about memory, or no
+    log to read)."""
+
+    key: str
+    finding: Optional[Any]
 
 
 class PostureRead(NamedTuple):

@@ -364,7 +364,10 @@ class Incident:
 
 
 def incident_key_of_json(data: dict[str, Any]) -> Optional[tuple]:
-    """`Incident.key` of an incident as written in JSON (the events file), or None if it is not one."""
+    """`Incident.key` of an incident as written in JSON (the events file), or None if it is not one (a death's
+    line, `"record": "death"`, is not)."""
+    if data.get("record") == "death":
+        return None
     try:
         counted = data.get("counted_in")
         if counted is not None:
@@ -377,6 +380,17 @@ def incident_key_of_json(data: dict[str, Any]) -> Optional[tuple]:
         victim = data.get("victim") or {}
         return (data["boot_id"], seq, victim.get("pid", 0))
     except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def death_key_of_json(data: dict[str, Any]) -> Optional[tuple]:
+    """The identity of a death as written in JSON (oomwatch.deaths.Death.to_json: `"record": "death"`), as the
+    events file remembers it: ("death", boot id, workload cgroup, time, pid); None for any other line."""
+    if not isinstance(data, dict) or data.get("record") != "death":
+        return None
+    try:
+        return ("death", str(data["boot_id"]), str(data["cgroup"]), str(data["time"]), int(data["pid"]))
+    except (KeyError, TypeError, ValueError):
         return None
 
 

@@ -21,6 +21,7 @@ OOM_HINT_SECONDS = 10.0
 # Bound on remembered pids: a node forks far more processes than it keeps (exits are forgotten with their
 # cgroup; this catches the rest).
 MAX_PIDS = 1 << 20
+MAX_MAINS = 1 << 16  # main processes remembered (one per live container; forgotten at their exit)
 
 _WATCHED = ("max", "oom", "oom_kill", "oom_group_kill")
 Moved = dict  # counter name → whether it moved
@@ -58,6 +59,9 @@ class NodeState:
         # memory.events.local as last read, as (max, oom, oom_kill, oom_group_kill): a tuple per cgroup
         self._last_local: dict[str, tuple[int, int, int, int]] = {}
         self.workloads: dict[str, Labels] = {}  # workload cgroup → its series' labels
+        # Workloads' main processes (a container's init, seen exec'ing as pid 1 of its namespace): pid → (its
+        # cgroup, comm). Their ends are deaths to judge (oomwatch.deaths), whatever ended them.
+        self.mains: dict[int, tuple[str, Optional[str]]] = {}
         self._label_paths: dict[Labels, int] = {}  # how many workload cgroups share those labels
 
     # --- NodeView ----------------------------------------------------------------------------------
@@ -101,10 +105,36 @@ class NodeState:
         if cgroup is not None and child not in self._pids:
             self.remember_pids(cgroup, (child,))
 
-    def process_execd(self, pid: int, cgroup: Optional[str]) -> None:
-        """An exec: the process is alive and settled, /proc told its cgroup (authoritative)."""
+    def process_execd(self, pid: int, cgroup: Optional[str], ns_pid: Optional[int] = None,
+                      comm: Optional[str] = None) -> None:
+        """An exec: the process is alive and settled, /proc told its cgroup (authoritative). The init of a pid
+        namespace (a container's entrypoint) is its workload's main process."""
         if cgroup is not None:
             self.remember_pids(cgroup, (pid,))
+            if ns_pid == 1 and pid != 1:
+                if len(self.mains) >= MAX_MAINS:
+                    self.mains.clear()
+                self.mains[pid] = (cgroup, comm)
+
+    def workload_of(self, cgroup: Optional[str]) -> Optional[str]:
+        """The workload cgroup `cgroup` belongs to: itself or its deepest registered ancestor."""
+        path = cgroup
+        while path:
+            if path in self.workloads:
+                return path
+            if path == "/":
+                return None
+            path = path.rsplit("/", 1)[0] or "/"
+        return None
+
+    def oom_kill_near(self, workload: str, start: float, end: float) -> bool:
+        """Whether memory.events.local `oom_kill` moved in `workload` or below between `start` and `end`."""
+        return any(start <= t <= end and is_within(p, workload) for p, t in self._oom_kill_at.items())
+
+    def oom_kills_local(self, path: str) -> Optional[int]:
+        """memory.events.local `oom_kill` of `path` as last read (None: never read)."""
+        counts = self._last_local.get(path)
+        return counts[2] if counts is not None else None
 
     # --- cgroups -------------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ workload's series expire after the grace period). Nothing is due while nothing h
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -25,6 +26,7 @@ from oomwatch.events import (
     CgroupRemoved,
     KernelLog,
     KernelLogEnded,
+    LogTailRead,
     PostureRead,
     ProcessExeced,
     ProcessExited,
@@ -32,6 +34,19 @@ from oomwatch.events import (
     StateSaved,
     Stop,
     Tick,
+)
+from oomwatch.deaths import (
+    KILL_AFTER_SECONDS,
+    KILL_BEFORE_SECONDS,
+    Death,
+    DeathTracker,
+    Evidence,
+    Exit,
+    ExitGroup,
+    KernelKill,
+    classify,
+    kernel_kill_of,
+    needs_log,
 )
 from oomwatch.explain import explain
 
@@ -44,6 +59,25 @@ from oomwatch.workloads import WorkloadResolver
 
 # State is written at most this often while incidents keep coming (and at once when the log goes quiet).
 SAVE_INTERVAL = 1.0
+# Deaths (oomwatch.deaths): a death due while the kernel log is still describing a kill waits for it, this long
+# at most; a death waits this long for the container log it asked for; kills kept as evidence for deaths.
+DEATH_HOLD_SECONDS = 10.0
+LOG_WAIT_SECONDS = 5.0
+RECENT_KILLS = 512
+MAX_DEATH_CONTEXTS = 8192
+# memory.events `oom_kill` moving in a workload this near its death (either side) makes a SIGKILL a kernel kill
+# (the kernel log lost the record, or has not been read yet).
+OOM_KILL_NEAR_SECONDS = 10.0
+
+
+class LogRequest(NamedTuple):
+    """A container log the pipeline wants the last lines of (the agent reads it and steps a LogTailRead)."""
+
+    key: str  # the death's (its workload cgroup)
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
 
 
 @dataclass
@@ -57,6 +91,8 @@ class Effects:
     changed: bool = False  # the snapshot is out of date
     fatal: Optional[str] = None  # a source failed for good: the agent exits so that it is restarted
     done: bool = False  # Stop handled: the loop ends
+    deaths: list[Death] = field(default_factory=list)  # verdicts counted once by the store: for the sinks
+    read_logs: list[LogRequest] = field(default_factory=list)  # container logs to read (then step LogTailRead)
 
 
 class View(NamedTuple):
@@ -88,6 +124,7 @@ class Settings:
     skip_upto: Optional[int] = None  # an early reader read the ring from its start: records up to here are done
     saved_log: bool = False  # a saved log is replayed: its cursor is its records' place in it ("file")
     page_size: Optional[int] = None  # the task table's page size (this host's); None: told from each report
+    read_logs: bool = False  # the agent reads the kubelet's pod logs for deaths that need them (LogRequest)
 
 
 class Pipeline:
@@ -124,11 +161,18 @@ class Pipeline:
         self._identities: dict[str, Workload] = {}
         # Workload cgroups the full store could not take, in the order they came (exported when it can, first first)
         self._over_cap: dict[str, None] = {}
+        # Deaths: exits grouped until complete, the kills they may be, what a workload was as its cgroup went,
+        # deaths waiting for their container's log.
+        self.deaths = DeathTracker()
+        self._recent_kills: deque[KernelKill] = deque(maxlen=RECENT_KILLS)
+        self._death_context: OrderedDict[str, _DeathContext] = OrderedDict()
+        self._awaiting_log: dict[str, tuple[ExitGroup, float]] = {}
         self._handlers: dict[type, Callable[[Any, Effects], None]] = {
             KernelLog: self._kernel_log, CgroupAdded: self._cgroup_added, CgroupChanged: self._cgroup_changed,
             CgroupRemoved: self._cgroup_removed, ProcessForked: self._forked, ProcessExeced: self._execd,
             ProcessExited: self._exited, PostureRead: self._posture, StateSaved: self._state_saved,
             KernelLogEnded: self._kernel_log_ended, Stop: self._stop, Tick: lambda event, fx: None,
+            LogTailRead: self._log_tail_read,
         }
 
     # --- the step ----------------------------------------------------------------------------------
@@ -154,6 +198,13 @@ class Pipeline:
                 times.append(settles_at)
         if self._dirty:
             times.append(self._saved_at + SAVE_INTERVAL)
+        death_due = self.deaths.next_due()
+        if death_due is not None:
+            # While the kernel log is describing a kill, its own deadlines wake the loop; this one only bounds it.
+            held = self._kernel_busy() and self._now < death_due + DEATH_HOLD_SECONDS
+            times.append(death_due + DEATH_HOLD_SECONDS if held else death_due)
+        if self._awaiting_log:
+            times.append(min(at for _, at in self._awaiting_log.values()))
         return min((t for t in times if t is not None), default=None)
 
     def view(self) -> View:
@@ -269,6 +320,11 @@ class Pipeline:
             self.reconciler.observe(path, event.ino, event.local, self._now, node.is_grouped(path))
 
     def _cgroup_removed(self, event: CgroupRemoved, fx: Effects) -> None:
+        context = self._death_context.get(event.path)
+        if context is not None:  # a death being judged: what its cgroup said, before it is forgotten
+            context.oom_kills = self.node.oom_kills_local(event.path)
+            context.oom_kill_near = self.node.oom_kill_near(event.path, self._now - 60.0, self._now)
+            context.identity = context.identity or self._identities.get(event.path)
         self._identities.pop(event.path, None)
         if event.path in self._over_cap:
             del self._over_cap[event.path]
@@ -320,12 +376,26 @@ class Pipeline:
         self.node.process_forked(event.parent, event.parent_task, event.child)
 
     def _execd(self, event: ProcessExeced, fx: Effects) -> None:
-        self.node.process_execd(event.pid, event.cgroup)
+        self.node.process_execd(event.pid, event.cgroup, event.ns_pid, event.comm)
 
     def _exited(self, event: ProcessExited, fx: Effects) -> None:
+        main = self.node.mains.pop(event.pid, None) if self.node.mains else None
+        if event.signal != SIGKILL and main is None:
+            return  # (most exits: neither a SIGKILL nor a workload's main process)
+        # Its cgroup as last seen alive: the exit event comes after the process has left it.
+        cgroup = self.node.cgroup_of_pid(event.pid) or (main[0] if main else None)
         if event.signal == SIGKILL:
-            # Its cgroup as last seen alive: the exit event comes after the process has left it.
-            self.witness.exited(event.pid, self.node.cgroup_of_pid(event.pid), event.time)
+            self.witness.exited(event.pid, cgroup, event.time)
+        workload = self.node.workload_of(cgroup)
+        if workload is None:
+            return  # not a workload's process: no workload died
+        self.deaths.add(Exit(pid=event.pid, time=event.time, workload=workload, cgroup=cgroup, signal=event.signal,
+                             code=event.code, comm=main[1] if main else None, main=main is not None,
+                             ns_pid=1 if main else None), self._now)
+        if workload not in self._death_context:
+            if len(self._death_context) >= MAX_DEATH_CONTEXTS:
+                self._death_context.popitem(last=False)
+            self._death_context[workload] = _DeathContext(self._identities.get(workload))
 
     # --- node, state, stop -----------------------------------------------------------------------------
 
@@ -348,6 +418,12 @@ class Pipeline:
         # next start, which re-reads the log from its first record (the cursor stops before it).
         self.witness.add(self.correlator.release_finished(), self._now)
         self._publish(self.witness.due(self._now, everything=True), fx)
+        # Deaths being collected are judged with what is known now (their exits are not heard again).
+        for group, _ in list(self._awaiting_log.values()):
+            self._judge(group, fx, log_read=True)
+        self._awaiting_log.clear()
+        for group in self.deaths.due(self._now, everything=True):
+            self._judge(group, fx)
         if self.settings.persist:
             fx.save = self.state()
             self._dirty = False
@@ -379,6 +455,7 @@ class Pipeline:
             elif (settles_at is not None and syslog and self._caught_up
                   and self._read_started < settles_at <= now):
                 fx.wake_kernel_log = True  # a read after the counters moved settles them
+        self._advance_deaths(fx)
         next_expiry = self.store.next_expiry()
         if next_expiry is not None and next_expiry <= now:
             self.store.expire()
@@ -408,6 +485,7 @@ class Pipeline:
         for incident in incidents:
             if not self.store.publish(incident, observe_latency=self._live):
                 continue
+            self._recent_kills.append(kernel_kill_of(incident))
             self.reconciler.account(incident)
             self._dirty = self.settings.persist
             fx.publish.append(incident)
@@ -422,6 +500,62 @@ class Pipeline:
             cursor = self.store.cursor_seq
         return cursor
 
+    # --- deaths (oomwatch.deaths) ------------------------------------------------------------------------------
+
+    def _kernel_busy(self) -> bool:
+        """The kernel log is describing a kill (an incident open, or a group kill waiting for its exits)."""
+        return bool(self.correlator.pending or len(self.witness))
+
+    def _advance_deaths(self, fx: Effects) -> None:
+        now = self._now
+        for key in [k for k, (_, at) in self._awaiting_log.items() if at <= now]:
+            self._judge(self._awaiting_log.pop(key)[0], fx, log_read=True)  # no log came in time
+        due = self.deaths.next_due()
+        if due is None or due > now or (self._kernel_busy() and now < due + DEATH_HOLD_SECONDS):
+            return
+        for group in self.deaths.due(now):
+            self._judge(group, fx)
+
+    def _judge(self, group: ExitGroup, fx: Effects, log_read: bool = False, log: Any = None) -> None:
+        """A complete death: its verdict from what the pipeline knows, counted once and handed to the sinks;
+        or first its container's log, when only that can tell (an exit code after a GPU ran out of memory)."""
+        context = self._death_context.get(group.key) or _DeathContext(None)
+        workload = context.identity or self._identities.get(group.key)
+        if workload is None and not group.key.startswith("pid:"):
+            workload = self.resolver.resolve(group.key)
+        if (not log_read and self.settings.read_logs and needs_log(group) and workload is not None
+                and workload.type == "k8s-container" and workload.namespace and workload.pod
+                and workload.pod_uid and workload.container):
+            self._awaiting_log[group.key] = (group, self._now + LOG_WAIT_SECONDS)
+            fx.read_logs.append(LogRequest(group.key, workload.namespace, workload.pod, workload.pod_uid,
+                                           workload.container))
+            return
+        self._death_context.pop(group.key, None)
+        start, end = group.first - KILL_BEFORE_SECONDS, group.last + KILL_AFTER_SECONDS
+        live = self.node.oom_kills_local(group.key) is not None
+        near = self.node.oom_kill_near(group.key, group.first - OOM_KILL_NEAR_SECONDS,
+                                       group.last + OOM_KILL_NEAR_SECONDS) or (not live and context.oom_kill_near)
+        in_run = self.node.oom_kills_local(group.key) if live else context.oom_kills
+        evidence = Evidence(
+            workload=workload, boot_id=self.settings.boot_id,
+            kernel_kills=tuple(k for k in self._recent_kills if start <= k.time <= end),
+            oom_kills_in_window=1 if near else 0,
+            oom_kills_in_run=in_run if workload is not None and workload.type == "k8s-container" else None,
+            log=log)
+        death = classify(group, evidence, self._now)
+        if death is None:
+            return
+        labels = self.node.workloads.get(group.key) or (workload.metric_labels() if workload is not None else None)
+        if self.store.count_death(death.key, death.cause, labels, death.to_json()):
+            self._dirty = self.settings.persist
+            fx.deaths.append(death)
+            fx.changed = True
+
+    def _log_tail_read(self, event: LogTailRead, fx: Effects) -> None:
+        waiting = self._awaiting_log.pop(event.key, None)
+        if waiting is not None:
+            self._judge(waiting[0], fx, log_read=True, log=event.finding)
+
     # --- incidents -----------------------------------------------------------------------------------------
 
     def _explain(self, incident: Incident) -> str:
@@ -430,3 +564,15 @@ class Pipeline:
     def _counted_incident(self, **kw) -> Incident:
         return counted_incident(boot_id=self.settings.boot_id, detected_at=self._now, resolve=self.resolver.resolve,
                                 scope_of=self.resolver.layout.scope_of, explain=self._explain, **kw)
+
+
+class _DeathContext:
+    """What a workload being judged was, kept past its cgroup's removal (which often comes before its death is
+    complete): its identity, memory.events.local `oom_kill` as last read, whether it moved near the end."""
+
+    __slots__ = ("identity", "oom_kills", "oom_kill_near")
+
+    def __init__(self, identity: Optional[Workload]) -> None:
+        self.identity = identity
+        self.oom_kills: Optional[int] = None
+        self.oom_kill_near = False

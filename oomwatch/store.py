@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
 
+from oomwatch.deaths import CAUSES
 from oomwatch.holders import MEMORY_TYPES, memory_by_type
 from oomwatch.model import Incident
 
@@ -40,6 +41,8 @@ Labels = tuple[str, str, str, str]  # namespace, pod, container, cgroup (docs/co
 # place, so a snapshot can share them too.
 NO_KILLS: Mapping[str, int] = MappingProxyType({k: 0 for k in KINDS})
 NO_KILLED: Mapping[str, int] = MappingProxyType({r: 0 for r in ROLES})
+NO_DEATHS: Mapping[str, int] = MappingProxyType({c: 0 for c in CAUSES})
+MAX_DEATH_KEYS = 10_000  # deaths remembered as counted (a death is judged once; this guards a replayed one)
 
 
 @dataclass(slots=True)
@@ -50,6 +53,7 @@ class WorkloadCounters:
     gone_since: Optional[float] = None  # set when its cgroup disappears; dropped after the grace period
     last_incident: Optional[tuple[str, str, str]] = None  # (kind, scope, explanation) of its last incident
     last_memory: Optional[Mapping[str, int]] = None  # what held the memory at its last incident, by type
+    deaths: Mapping[str, int] = field(default_factory=lambda: NO_DEATHS)  # verdicts on its deaths, by cause
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Snapshot:
     latency_buckets: tuple[int, ...]
     latency_count: int
     latency_sum: float
+    deaths: tuple[dict[str, Any], ...] = ()  # the last deaths judged (Death JSON, oldest first)
 
 
 class StateError(Exception):
@@ -98,6 +103,9 @@ class Store:
         # The reader that wrote the cursor: "kmsg" (sequence), "syslog" (µs) or "file" (a saved log's record)
         self.cursor_source = "kmsg"
         self._expires_at: Optional[float] = None  # the earliest gone_since (a lower bound after a revival)
+        self._deaths: deque[dict[str, Any]] = deque(maxlen=max_incidents)
+        self._death_keys: deque[list] = deque(maxlen=MAX_DEATH_KEYS)
+        self._death_key_set: set[tuple] = set()
 
     # --- updates -----------------------------------------------------------------------------------
 
@@ -153,6 +161,30 @@ class Store:
                     self._buckets[i] += 1
         return True
 
+    def count_death(self, key: tuple, cause: str, labels: Optional[Labels], death_json: dict[str, Any]) -> bool:
+        """Count a death's verdict once (oomwatch.deaths.Death: `key`, `cause`) on its workload's series
+        (`labels`; None: no workload with series). False when it was counted already. Never an OOM kill: the
+        incidents' counters are not touched."""
+        if key in self._death_key_set or cause not in NO_DEATHS:
+            return False
+        if len(self._death_keys) == self._death_keys.maxlen:
+            self._death_key_set.discard(tuple(self._death_keys[0]))
+        self._death_keys.append(list(key))
+        self._death_key_set.add(key)
+        if labels is not None:
+            counters = self._workloads.get(labels)
+            if counters is None:  # its cgroup already gone: kept visible for the grace period
+                counters = self._workloads[labels] = WorkloadCounters(gone_since=self._clock())
+                self._gone_at(self._clock())
+                self._cap()
+            elif counters.gone_since is not None:
+                counters.gone_since = self._clock()
+            deaths = dict(counters.deaths)
+            deaths[cause] += 1
+            counters.deaths = deaths
+        self._deaths.append(death_json)
+        return True
+
     def _remember_key(self, key: tuple) -> None:
         if len(self._keys) == self._keys.maxlen:
             self._key_set.discard(tuple(self._keys[0]))
@@ -200,7 +232,8 @@ class Store:
         """Drop a workload's series if nothing was ever counted for it (its labels were provisional: a pod
         cgroup seen before any of its containers named it)."""
         c = self._workloads.get(labels)
-        if c is not None and c.last_kill is None and not any(c.kills.values()) and not any(c.killed.values()):
+        if (c is not None and c.last_kill is None and not any(c.kills.values()) and not any(c.killed.values())
+                and not any(c.deaths.values())):
             del self._workloads[labels]
 
     def expire(self) -> int:
@@ -239,7 +272,7 @@ class Store:
     def snapshot(self) -> Snapshot:
         return Snapshot(
             workloads={k: WorkloadCounters(v.kills, v.killed, v.last_kill, v.gone_since, v.last_incident,
-                                           v.last_memory)
+                                           v.last_memory, v.deaths)
                        for k, v in self._workloads.items()},
             node_kills=dict(self._node_kills),
             incidents=tuple(self._incidents),
@@ -253,6 +286,7 @@ class Store:
             latency_buckets=tuple(self._buckets),
             latency_count=self._lat_count,
             latency_sum=self._lat_sum,
+            deaths=tuple(self._deaths),
         )
 
     # --- persistence -------------------------------------------------------------------------------
@@ -267,13 +301,17 @@ class Store:
                            "last_kill": v.last_kill,
                            "last_incident": list(v.last_incident) if v.last_incident else None,
                            "last_memory": dict(v.last_memory) if v.last_memory is not None else None,
-                           "gone_since": v.gone_since} for k, v in self._workloads.items()],
+                           "gone_since": v.gone_since,
+                           **({"deaths": dict(v.deaths)} if any(v.deaths.values()) else {})}
+                          for k, v in self._workloads.items()],
             "node_kills": [[k, s, n] for (k, s), n in self._node_kills.items()],
             "incidents": list(self._incidents),
             "keys": list(self._keys),
             "kmsg": dict(self._kmsg),
             "counted_from_events": self._counted_from_events,
             "latency": {"buckets": self._buckets, "count": self._lat_count, "sum": self._lat_sum},
+            "deaths": list(self._deaths),
+            "death_keys": list(self._death_keys),
         }
 
     def load_state(self, state: Any) -> None:
@@ -299,6 +337,9 @@ class Store:
                 k in MEMORY_TYPES and _is_count(n) for k, n in last_memory.items())), "last_memory")
             c.last_memory = dict(last_memory) if last_memory is not None else None
             c.gone_since = v.time(entry, "gone_since")
+            if "deaths" in entry:  # absent in a state written before deaths were judged, and where none was
+                deaths = v.counts(entry, "deaths", CAUSES)
+                c.deaths = {**NO_DEATHS, **deaths}
             workloads[labels] = c
         node = {(k, s): 0 for k in KINDS for s in SCOPES}
         for row in v.list(state, "node_kills"):
@@ -327,6 +368,13 @@ class Store:
         v.expect(cursor_source in ("kmsg", "syslog", "file"), f"cursor_source {cursor_source!r}")
         counted = state.get("counted_from_events", 0)
         v.expect(_is_count(counted), "counted_from_events")
+        death_list = state.get("deaths", [])
+        v.expect(isinstance(death_list, list) and all(isinstance(d, dict) for d in death_list), "deaths")
+        death_keys = []
+        for k in state.get("death_keys", []):
+            v.expect(isinstance(k, list) and len(k) == 4 and all(isinstance(x, (str, int, float)) for x in k),
+                     f"death key {k!r}")
+            death_keys.append(tuple(k))
         self._workloads = workloads
         self._node_kills = node
         self._buckets, self._lat_count, self._lat_sum = list(buckets), lat["count"], float(lat["sum"])
@@ -338,6 +386,13 @@ class Store:
         self._key_set.clear()
         for key in keys:
             self._remember_key(key)
+        self._deaths.clear()
+        self._deaths.extend(death_list)
+        self._death_keys.clear()
+        self._death_key_set.clear()
+        for key in death_keys[-MAX_DEATH_KEYS:]:
+            self._death_keys.append(list(key))
+            self._death_key_set.add(key)
         self.boot_id, self.cursor_seq, self.cursor_source = boot_id, cursor, cursor_source
 
 

@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from oomwatch import __version__
+from oomwatch.deaths import CAUSES
 from oomwatch.holders import MEMORY_TYPES
 from oomwatch.model import CgroupStats, Incident, KilledProcess, Workload
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
@@ -66,6 +67,7 @@ WORKLOAD_FAMILIES = [
     ("oomwatch_last_oom_kill_timestamp_seconds", "gauge", ()),
     ("oomwatch_last_oom_kill_info", "gauge", ("kind", "scope")),
     ("oomwatch_last_oom_kill_memory_bytes", "gauge", ("type",)),
+    ("oomwatch_deaths_total", "counter", ("cause",)),
     ("oomwatch_memory_oom_group", "gauge", ()),
     ("oomwatch_memory_limit_bytes", "gauge", ()),
     ("oomwatch_memory_usage_bytes", "gauge", ()),
@@ -567,6 +569,7 @@ BOUNDED_LABELS: dict[str, object] = {
     "check": set(AGENT_CHECKS),
     "reason": set(UNWATCHED_REASONS),
     "type": set(MEMORY_TYPES),
+    "cause": set(CAUSES),  # oomwatch_deaths_total: oomwatch.deaths' fixed verdicts
     # oomwatch_workload_job_info: names the API server or Slurm gave, one per job or owner of an exported
     # workload (tests/test_job_info.py: 10,000 pods in 1,000 jobs give 1,000 job names)
     **dict.fromkeys(("job_kind", "owner_kind"), "one per kind of job or owner in the cluster (JobSet, Job, ...)"),

@@ -28,7 +28,11 @@ def test_wait_status_and_exit_events() -> None:
     event = {"event": "PROC_EVENT_EXIT", "process_pid": 42, "process_tgid": 42, "exit_code": 9}
     assert exit_from_event(event, 5.0) == ProcessExit(pid=42, signal=9, time=5.0)
     assert exit_from_event(dict(event, process_pid=43), 5.0) is None  # a thread of 42
-    assert exit_from_event(dict(event, exit_code=0), 5.0) is None
+    # a normal exit comes with its status: exit(1) is how a process whose GPU ran out of memory ends
+    assert exit_from_event(dict(event, exit_code=0), 5.0) == ProcessExit(pid=42, signal=None, time=5.0, code=0)
+    assert exit_from_event(dict(event, exit_code=1 << 8), 5.0) == ProcessExit(pid=42, signal=None, time=5.0,
+                                                                              code=1)
+    assert exit_from_event(dict(event, exit_code=0x137F), 5.0) is None  # stopped, not dead
     assert exit_from_event(dict(event, event="PROC_EVENT_FORK"), 5.0) is None
     fork = {"event": "PROC_EVENT_FORK", "parent_pid": 10, "parent_tgid": 10, "child_pid": 11, "child_tgid": 11}
     assert fork_from_event(fork) == ProcessFork(parent=10, child=11, parent_task=10)
@@ -82,3 +86,33 @@ def test_proc_event_datagrams_parse_as_the_kernel_lays_them_out() -> None:
     assert parse_proc_events(datagram(0x200, 11, 11)) == []  # PROC_EVENT_COMM: not ours
     assert parse_proc_events(datagram(1, 10)[:20]) == []  # truncated
     assert parse_proc_events(b"") == []
+
+
+def test_the_real_connector_reports_an_exit_status_and_a_container_init_is_known_by_its_ns_pid() -> None:
+    """A process that exits 3 arrives with code 3 (a CUDA OOM ends a container's main process with exit 1, no
+    signal); /proc/PID/status names a process and its pid in its own namespace (1: a container's init)."""
+    import os
+
+    from oomwatch.sources.cgroupfs import cat
+    from oomwatch.sources.cgroupsource import name_and_ns_pid
+
+    exits: queue.Queue = queue.Queue()
+    connector = ProcConnector(exits.put, time.time)
+    connector.start()
+    try:
+        child = subprocess.Popen(["sh", "-c", "exit 3"])
+        child.wait()
+        deadline = time.monotonic() + 5
+        seen = None
+        while time.monotonic() < deadline and seen is None:
+            e = exits.get(timeout=5)
+            seen = e if e.pid == child.pid else None
+        assert seen is not None and (seen.signal, seen.code) == (None, 3)
+    finally:
+        connector.stop()
+        subprocess.run(["true"])
+        assert wait_for(lambda: not connector.alive)
+    comm, ns_pid = name_and_ns_pid(cat(f"/proc/{os.getpid()}/status"))
+    assert comm is not None and comm.startswith("python") and ns_pid is not None
+    assert name_and_ns_pid("Name:\tsleep\nUmask:\t0022\nNSpid:\t4242\t1\n") == ("sleep", 1)
+    assert name_and_ns_pid(None) == (None, None)

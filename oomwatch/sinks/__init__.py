@@ -2,7 +2,8 @@
 state already holds, for a sink that must catch up), `publish(incident)` for each incident the store counted
 once, `flush(state)` after the pipeline asked for a save (the state file writes it; the events file then writes
 the lines it held back, so that a line never precedes the state that counts it), and `close()`. The agent calls
-them in turn; a sink that fails is logged, never fatal. The HTTP sink is the other kind: it serves the
+them in turn; a sink that fails is logged, never fatal. A sink that shows deaths' verdicts (oomwatch.deaths:
+the events file, pod Events, the log) also has `publish_death(death)`, called once per death the store counted. The HTTP sink is the other kind: it serves the
 pipeline's latest snapshot and never sees an incident go by."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional, Protocol, Sequence
 
+from oomwatch.deaths import Death
 from oomwatch.model import Incident
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,8 @@ class Sink(Protocol):
     def start(self, published: Sequence[dict[str, Any]]) -> None: ...
 
     def publish(self, incident: Incident) -> None: ...
+
+    def publish_death(self, death: Death) -> None: ...
 
     def flush(self, state: Optional[dict[str, Any]]) -> None: ...
 
@@ -32,6 +36,9 @@ class NoLifecycle:
         pass
 
     def publish(self, incident: Incident) -> None:
+        pass
+
+    def publish_death(self, death: Death) -> None:
         pass
 
     def flush(self, state: Optional[dict[str, Any]]) -> None:
@@ -51,6 +58,10 @@ class LogSink(NoLifecycle):
         source = "counted from memory.events" if incident.evidence == "memory.events" else "from the kernel log"
         self._log.info("OOM %s kill (%s): %s", incident.kind, source, incident.explanation)
 
+    def publish_death(self, death: Death) -> None:
+        sender = f", sent by {death.sender}" if death.sender else ""
+        self._log.info("death: %s%s: %s", death.cause, sender, death.explanation)
+
 
 class PodEventSink(NoLifecycle):
     """A Kubernetes Event on the victim's pod (oomwatch.sinks.k8s_events), for incidents in a pod."""
@@ -64,6 +75,10 @@ class PodEventSink(NoLifecycle):
     def publish(self, incident: Incident) -> None:
         if incident.workload.pod:
             self._recorder.record(incident)
+
+    def publish_death(self, death: Death) -> None:
+        if death.workload is not None and death.workload.pod:
+            self._recorder.record_death(death)
 
     def close(self) -> None:
         self._recorder.stop()
@@ -84,6 +99,9 @@ class EventsFileSink(NoLifecycle):
 
     def publish(self, incident: Incident) -> None:
         self.file.publish(incident)
+
+    def publish_death(self, death: Death) -> None:
+        self.file.publish_death(death.to_json())
 
     def flush(self, state: Optional[dict[str, Any]]) -> None:
         self.file.flush()  # after the state that counts them (or after trying: never held for ever)

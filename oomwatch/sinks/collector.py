@@ -22,9 +22,10 @@ import logging
 import math
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from oomwatch import __version__
+from oomwatch.deaths import CAUSES
 from oomwatch.holders import MEMORY_TYPES
 from oomwatch.model import CgroupStats, Workload
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
@@ -205,6 +206,13 @@ def _last_incident(counters: WorkloadCounters) -> Optional[dict[tuple[str, str],
     return None if last is None else _ONE.get((last[0], last[1]))
 
 
+def _deaths(counters: WorkloadCounters) -> Optional[Mapping[str, int]]:
+    # From the workload's first death on, every cause (at 0 but one): issue 14's budget of 16 series per
+    # workload holds for the many that never die so.
+    deaths = counters.deaths
+    return deaths if any(deaths.values()) else None
+
+
 def _node_info(view: NodeView) -> list[NodeSample]:
     info = view.info
     return [("oomwatch_node_info", {"cgroup_version": info.cgroup_version, "kernel": info.kernel,
@@ -280,6 +288,14 @@ FAMILIES: tuple[Family, ...] = (
            "workload's last OOM-kill incident, by type (the kernel's report; absent where the log did not "
            "say). The verdict and the largest processes are in /incidents and the events file.", "counters",
            labels=("type",), keys=tuple(MEMORY_TYPES), values=attrgetter("last_memory")),
+    # Not OOM kills: the verdicts on the workload's deaths (oomwatch.deaths); only cause=kernel-oom deaths are
+    # the kernel's kills, and those are counted in oomwatch_oom_kills_total already.
+    Family("oomwatch_deaths_total", "counter", "Deaths of this workload's processes that looked like memory "
+           "deaths (a SIGKILL, or its main process's end after a GPU or allocation failure), by verdict: "
+           "kernel-oom, userspace (a SIGKILL no kernel OOM kill explains), gpu-oom, alloc-failure, not-oom (a "
+           "status that will say OOMKilled, stale); from its first such death on. Each death is a line of the "
+           "events file.",
+           "counters", labels=("cause",), keys=CAUSES, values=_deaths),
     _gauge("oomwatch_memory_oom_group", "Current memory.oom.group of the workload cgroup (1: an OOM kill "
            "takes every process).", "oom_group"),
     _gauge("oomwatch_memory_limit_bytes", "memory.max of the workload cgroup (+Inf when unlimited).",
@@ -363,19 +379,20 @@ def _label_pairs(labels: dict[str, str]) -> str:
     return ",".join(f'{k}="{escape_label_value(label_value(v))}"' for k, v in sorted(labels.items()))
 
 
-def _key_texts(family: Family) -> tuple[tuple[Any, str, str], ...]:
-    """(key, middle, end) for each key of a per-workload family: its own labels as text, placed where the
-    format's alphabetical order puts them among the identity labels (`cgroup`, `container`, [middle],
+def _key_texts(family: Family) -> tuple[tuple[Any, str, str, str], ...]:
+    """(key, front, middle, end) for each key of a per-workload family: its own labels as text, placed where the
+    format's alphabetical order puts them among the identity labels ([front], `cgroup`, `container`, [middle],
     `namespace`, `pod`, [end])."""
     for name in family.labels:
-        if not ("container" < name < "namespace" or name > "pod"):
+        if not (name < "cgroup" or "container" < name < "namespace" or name > "pod"):
             raise ValueError(f"{family.name}: label {name!r} sorts among the identity labels")
     texts = []
     for key in family.keys:
         pairs = sorted(zip(family.labels, (key,) if isinstance(key, str) else key))
-        middle = "".join(f'{k}="{escape_label_value(v)}",' for k, v in pairs if k < "namespace")
+        front = "".join(f'{k}="{escape_label_value(v)}",' for k, v in pairs if k < "cgroup")
+        middle = "".join(f'{k}="{escape_label_value(v)}",' for k, v in pairs if "container" < k < "namespace")
         end = "".join(f',{k}="{escape_label_value(v)}"' for k, v in pairs if k > "pod")
-        texts.append((key, middle, end))
+        texts.append((key, front, middle, end))
     return tuple(texts)
 
 
@@ -576,10 +593,10 @@ class OomwatchCollector:
                 try:
                     mapping = values(row)  # type: ignore[misc]
                     if mapping is not None:
-                        for key, middle, end in keys:
+                        for key, front, middle, end in keys:
                             value = mapping.get(key)
                             if value is not None:
-                                parts.append(f"{name}{{{text.head}{middle}{text.tail}{end}}} {fmt(value)}\n")
+                                parts.append(f"{name}{{{front}{text.head}{middle}{text.tail}{end}}} {fmt(value)}\n")
                 except Exception as exc:
                     del parts[written:]  # none of this workload's series of the family, rather than some
                     failed.add(labels)

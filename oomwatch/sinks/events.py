@@ -1,4 +1,5 @@
-"""The JSON-lines events file: one incident per line, appended as it is published.
+"""The JSON-lines events file: one incident per line, appended as it is published, and beside them one line per
+death's verdict (`"record": "death"`, oomwatch.deaths), which readers of incidents skip.
 
 Idempotent across a crash, with the state file as the record of what was published: with a state directory the
 agent holds each line until the state that counts its incident is saved (`hold=True`, then `flush()`), and at
@@ -29,7 +30,7 @@ import threading
 from collections import deque
 from typing import Any, Optional
 
-from oomwatch.model import Incident, incident_key_of_json
+from oomwatch.model import Incident, death_key_of_json, incident_key_of_json
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,17 @@ class EventsFile:
             self._held.append((key, incident.to_json()))
             return
         self.write(incident.to_json(), key)
+
+    def publish_death(self, death_json: dict[str, Any]) -> None:
+        """A death's verdict (oomwatch.deaths.Death.to_json), held like an incident until the state that counts
+        it is saved; written once (its key is read back from the file's tail on open)."""
+        key = death_key_of_json(death_json)
+        if key is None or key in self._written:
+            return
+        if self.hold:
+            self._held.append((key, death_json))
+            return
+        self.write(death_json, key)
 
     def flush(self) -> None:
         """Write the held lines (their incidents are in the saved state now)."""
@@ -256,7 +268,7 @@ def keys_of_tail(tail: bytes, cut: bool) -> set[tuple]:
         except ValueError:
             continue
         if isinstance(data, dict):
-            key = incident_key_of_json(data)
+            key = incident_key_of_json(data) or death_key_of_json(data)
             if key is not None:
                 keys.add(_hashable(key))
     return keys

@@ -10,6 +10,9 @@ key (boot id, kernel sequence number, victim pid), so re-posting the same incide
 replay, a restarted agent re-reading the kernel ring buffer) is answered 409 AlreadyExists and ignored.
 A bounded in-memory set of posted keys avoids even asking in the common case.
 
+Each death's verdict (oomwatch.deaths) in a pod gets one too, reason by cause (DEATH_REASONS: `KilledBySignal`
+for a SIGKILL no kernel OOM kill explains, `GPUOutOfMemory`, …), named after the death's identity.
+
 Needs RBAC `events: create` in the pods' namespaces. Without an API client the recorder is off.
 """
 
@@ -25,7 +28,8 @@ import time
 from collections import OrderedDict
 from typing import Any, Optional
 
-from oomwatch.model import Incident
+from oomwatch.deaths import Death
+from oomwatch.model import Incident, Workload
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,9 @@ COMPONENT = "oomwatch"
 REPORTING_CONTROLLER = "oomwatch.io/agent"
 REASON_GROUP = "OOMGroupKill"
 REASON_SINGLE = "OOMKill"
+# A death's Event reason by its cause (docs/contract.md, "Death JSON").
+DEATH_REASONS = {"kernel-oom": "OOMKilledDeath", "userspace": "KilledBySignal", "gpu-oom": "GPUOutOfMemory",
+                 "alloc-failure": "AllocationFailed", "not-oom": "NotOOMKilled"}
 _MAX_MESSAGE = 1024  # the API server's limit on an Event's message (note)
 _MAX_NAME = 253
 
@@ -50,10 +57,23 @@ def event_name(pod: str, key: tuple[Any, ...]) -> str:
 def event_for_incident(incident: Incident, node_name: str) -> Optional[dict[str, Any]]:
     """The core/v1 Event (as JSON) to post for an incident, or None when its victim is not in a known
     pod (a Slurm job, a systemd unit, a pod whose name could not be learned)."""
-    workload = incident.workload
+    return _event(incident.workload, incident.key, incident.time,
+                  REASON_GROUP if incident.kind == "group" else REASON_SINGLE, incident.explanation, node_name)
+
+
+def event_for_death(death: Death, node_name: str) -> Optional[dict[str, Any]]:
+    """The Event for a death's verdict in a pod (reason by cause), or None outside a known pod."""
+    if death.workload is None:
+        return None
+    return _event(death.workload, ("death",) + death.key, death.time, DEATH_REASONS[death.cause],
+                  death.explanation, node_name)
+
+
+def _event(workload: Workload, key: tuple, time: float, reason: str, message: str,
+           node_name: str) -> Optional[dict[str, Any]]:
     if not workload.is_kubernetes or not workload.pod or not workload.namespace:
         return None
-    timestamp = _rfc3339(incident.time)
+    timestamp = _rfc3339(time)
     involved: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -67,10 +87,10 @@ def event_for_incident(incident: Incident, node_name: str) -> Optional[dict[str,
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": event_name(workload.pod, incident.key), "namespace": workload.namespace},
+        "metadata": {"name": event_name(workload.pod, key), "namespace": workload.namespace},
         "involvedObject": involved,
-        "reason": REASON_GROUP if incident.kind == "group" else REASON_SINGLE,
-        "message": incident.explanation[:_MAX_MESSAGE],
+        "reason": reason,
+        "message": message[:_MAX_MESSAGE],
         "type": "Warning",
         "source": {"component": COMPONENT, "host": node_name},
         "reportingComponent": REPORTING_CONTROLLER,
@@ -167,7 +187,18 @@ class PodEventRecorder:
         body = event_for_incident(incident, self.node_name)
         if body is None:
             return False
-        key = (incident.workload.pod_uid or incident.workload.pod,) + tuple(incident.key)
+        return self._queue_event((incident.workload.pod_uid or incident.workload.pod,) + tuple(incident.key), body)
+
+    def record_death(self, death: Death) -> bool:
+        """Queue an Event for a death's verdict in a pod, as `record` does for an incident."""
+        if self._client is None or death.workload is None:
+            return False
+        body = event_for_death(death, self.node_name)
+        if body is None:
+            return False
+        return self._queue_event((death.workload.pod_uid or death.workload.pod, "death") + death.key, body)
+
+    def _queue_event(self, key: tuple[Any, ...], body: dict[str, Any]) -> bool:
         if self._seen(key):
             return False
         try:

@@ -168,7 +168,26 @@ class ProcessSource:
         path = self.proc.cgroup_of(pid)
         if path is not None and self.cgns_prefix is not None:
             path = posixpath.normpath(self.cgns_prefix + "/" + path.lstrip("/"))
-        self._emit(ProcessExeced(pid, path))
+        comm, ns_pid = name_and_ns_pid(cat(f"{self.proc.root}/{pid}/status")) if path is not None else (None, None)
+        self._emit(ProcessExeced(pid, path, ns_pid, comm))
 
     def exited(self, process_exit) -> None:
-        self._emit(ProcessExited(process_exit.pid, process_exit.signal, process_exit.time))
+        self._emit(ProcessExited(process_exit.pid, process_exit.signal, process_exit.time,
+                                 getattr(process_exit, "code", None)))
+
+
+def name_and_ns_pid(status: Optional[str]) -> tuple[Optional[str], Optional[int]]:
+    """`Name:` (comm) and the last `NSpid:` (its pid in its own pid namespace: 1 for a container's init) of
+    /proc/PID/status; None for what is absent (a process gone, a kernel before 4.1 without NSpid)."""
+    if not status:
+        return None, None
+    comm: Optional[str] = None
+    ns_pid: Optional[int] = None
+    for line in status.split("\n", 40):
+        if line.startswith("Name:\t"):
+            comm = line[6:22]
+        elif line.startswith("NSpid:"):
+            last = line.rsplit(None, 1)[-1]
+            ns_pid = int(last) if last.isdigit() else None
+            break
+    return comm, ns_pid

@@ -32,8 +32,9 @@ class ProcConnectorUnavailable(Exception):
 @dataclass(frozen=True)
 class ProcessExit:
     pid: int
-    signal: int  # the signal that ended it
+    signal: Optional[int]  # the signal that ended it (None: it exited)
     time: float  # when we heard of it (epoch seconds)
+    code: Optional[int] = None  # its exit status, when it exited (WEXITSTATUS)
 
 
 def terminating_signal(wait_status: int) -> Optional[int]:
@@ -70,14 +71,20 @@ def exec_from_event(event: Mapping[str, Any]) -> Optional[int]:
 
 
 def exit_from_event(event: Mapping[str, Any], now: float) -> Optional[ProcessExit]:
-    """A PROC_EVENT_EXIT of a whole process (not one of its threads) ended by a signal, else None."""
+    """A PROC_EVENT_EXIT of a whole process (not one of its threads), with the signal that ended it or its exit
+    status (a workload's main process that exits 1 after its GPU ran out of memory matters too), else None."""
     if event.get("event") != "PROC_EVENT_EXIT":
         return None
     pid, tgid = event.get("process_pid"), event.get("process_tgid")
     if pid is None or pid != tgid:
         return None  # a thread; the process's own exit comes separately
-    signal = terminating_signal(int(event.get("exit_code", 0)))
-    return ProcessExit(pid=int(pid), signal=signal, time=now) if signal is not None else None
+    status = int(event.get("exit_code", 0))
+    signal = terminating_signal(status)
+    if signal is not None:
+        return ProcessExit(pid=int(pid), signal=signal, time=now)
+    if status & 0x7F:
+        return None  # stopped or continued (0x7F): not an end
+    return ProcessExit(pid=int(pid), signal=None, time=now, code=(status >> 8) & 0xFF)
 
 
 # linux/netlink.h, linux/connector.h, linux/cn_proc.h
@@ -130,8 +137,8 @@ def listen_message(seq: int = 1) -> bytes:
 
 
 class ProcConnector:
-    """Listens to process events on a thread of its own and calls `on_exit` for each process ended by a
-    signal, `on_fork` for each new process and `on_exec` for each exec, from `start()` until `stop()`."""
+    """Listens to process events on a thread of its own and calls `on_exit` for each process that ended
+    (by a signal or with an exit status), `on_fork` for each new process and `on_exec` for each exec, from `start()` until `stop()`."""
 
     def __init__(self, on_exit: Callable[[ProcessExit], None], clock: Callable[[], float],
                  on_fork: Callable[[ProcessFork], None] = lambda fork: None,

@@ -1,0 +1,258 @@
+"""Deaths through Pipeline.step() (issue 22 item 1): the proc connector's exits of a workload's processes, the
+kernel log's incidents and memory.events, replayed on the golden Kubernetes node's tree (tests/replay.py) with
+an injected clock. Each death gets one verdict (oomwatch.deaths), counted once per workload in
+oomwatch_deaths_total{cause}; only the kernel's kills are incidents and count in oomwatch_oom_kills_total."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+from oomwatch.agent import container_log_finding
+from oomwatch.deaths import SIGKILL, SIGTERM, Death
+from oomwatch.events import CgroupRemoved, KernelLog, LogTailRead, ProcessExeced, ProcessExited, Stop
+from oomwatch.model import death_key_of_json, incident_key_of_json
+from oomwatch.pipeline import Effects, Settings
+from oomwatch.sinks.events import EventsFile, written_keys
+from oomwatch.sources.cgroupfs import Proc
+from oomwatch.store import Store
+from oomwatch.timefmt import parse_iso8601
+from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES
+from tests.replay import RecordedTree, Replay, live_settings, saved_log_events
+from tests.test_golden import golden_config
+
+K8S = FIXTURES / "golden" / "k8s-runc"
+POD_UID = "0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f"
+CONTAINER = f"/kubepods/burstable/pod{POD_UID}/4f2a9c1e7b3d5a6c8e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d"
+TRAINER = ("ml", "train-0", "trainer", "")  # the container's series labels (names from its runtime bundle)
+BOOT = 1_000.0
+GPULOG = FIXTURES / "gpulogs" / "pytorch-16417-torch2.2-cuda-oom.split.cri.log"
+
+
+class Deaths(Replay):
+    """A Replay that also gathers the deaths its steps published and the logs they asked for."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deaths: list[Death] = []
+        self.log_requests: list = []
+
+    def step(self, event: Any, now: float | None = None) -> Effects:
+        fx = super().step(event, now)
+        self.deaths += fx.deaths
+        self.log_requests += fx.read_logs
+        return fx
+
+
+def k8s_node(tmp_path: Path, oom_group: int = 1, **settings: Any) -> tuple[Deaths, RecordedTree]:
+    tree = tmp_path / "cgroup"
+    shutil.copytree(K8S / "cgroup", tree)
+    (tree / CONTAINER.lstrip("/") / "memory.oom.group").write_text(f"{oom_group}\n")
+    for name in ("memory.events.local", "memory.events"):  # a new run of the container: no OOM kill in it yet
+        (tree / CONTAINER.lstrip("/") / name).write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+    recorded = RecordedTree(tree, K8S / "run")
+    replay = Deaths(live_settings(boot_time=BOOT, **settings), now=BOOT)
+    replay.run(recorded.start())
+    replay.step(KernelLog([], drained_at=BOOT))  # the log read to its end: nothing in it
+    return replay, recorded
+
+
+def started(replay: Replay, pid: int, ns_pid: int, comm: str, at: float) -> None:
+    replay.step(ProcessExeced(pid, CONTAINER, ns_pid, comm), at)
+
+
+def no_oom_kills(replay: Replay) -> None:
+    store = replay.pipeline.view().store
+    assert replay.published == [] and store.incidents == ()
+    assert set(store.node_kills.values()) == {0}
+    assert all(not any(c.kills.values()) and not any(c.killed.values()) for c in store.workloads.values())
+
+
+def test_a_container_sigkilled_by_a_process_is_userspace_not_an_oom_kill(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path)
+    started(replay, 5001, 1, "python3", BOOT + 1.0)  # the container's init: its main process
+    started(replay, 5002, 7, "worker", BOOT + 1.1)
+    replay.step(ProcessExited(4000, None, BOOT + 2.0, code=0))  # a process outside any workload: nothing
+    replay.step(ProcessExited(5002, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.001), BOOT + 5.001)
+    replay.run(recorded.removed(CONTAINER), now=BOOT + 5.3)  # the runtime removes the cgroup before it settles
+    recorded.close()
+    assert replay.deaths == [] and len(replay.pipeline.deaths) == 1  # collected, not yet complete
+    replay.advance_to(BOOT + 10.0)  # (within the gone workload's grace period: its series are still there)
+    [death] = replay.deaths
+    assert (death.cause, death.sender, death.pid, death.main, death.signal, death.processes) == (
+        "userspace", "unknown", 5001, True, SIGKILL, 2)
+    assert (death.workload.pod, death.workload.container, death.cgroup) == ("train-0", "trainer", CONTAINER)
+    assert "not by the kernel's OOM killer" in death.explanation
+    assert death.last_exit is not None and death.last_exit.verdict == "no"
+    no_oom_kills(replay)
+    store = replay.pipeline.view().store
+    assert dict(store.workloads[TRAINER].deaths) == {"kernel-oom": 0, "userspace": 1, "gpu-oom": 0,
+                                                     "alloc-failure": 0, "not-oom": 0}
+    assert [d["cause"] for d in store.deaths] == ["userspace"]
+    # Counted in the state saved after it; a restart keeps the count and knows the death (counted once).
+    state = replay.saves[-1]
+    again = Replay.restarted(state, live_settings(boot_time=BOOT), now=BOOT + 60.0)
+    store = again.pipeline.store
+    assert store.snapshot().workloads[TRAINER].deaths["userspace"] == 1
+    assert not store.count_death(death.key, death.cause, TRAINER, death.to_json())
+    assert store.snapshot().workloads[TRAINER].deaths["userspace"] == 1
+
+
+def test_the_metrics_count_deaths_apart_from_oom_kills(tmp_path: Path) -> None:
+    """oomwatch_deaths_total{cause}: from a workload's first death on, one series per cause (issue 14's budget
+    of 16 series per workload holds for the others); the OOM-kill counters stay at 0."""
+    replay, recorded = k8s_node(tmp_path)
+    config = golden_config(K8S, tmp_path)
+    config = config.__class__(**{**config.__dict__, "cgroup_root": str(tmp_path / "cgroup")})
+    series = 'cgroup="",container="trainer",namespace="ml",pod="train-0"'
+    assert f'oomwatch_deaths_total{{cause="userspace",{series}}}' not in replay.metrics(config).decode()
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    replay.settle()
+    text = replay.metrics(config).decode()
+    recorded.close()
+    assert [line for line in text.splitlines() if line.startswith("oomwatch_deaths_total{")] == [
+        f'oomwatch_deaths_total{{cause="{cause}",{series}}} {1.0 if cause == "userspace" else 0.0}'
+        for cause in ("kernel-oom", "userspace", "gpu-oom", "alloc-failure", "not-oom")]
+    for kind in ("single", "group"):
+        assert (f'oomwatch_oom_kills_total{{cgroup="",container="trainer",kind="{kind}",namespace="ml",'
+                'pod="train-0"} 0.0') in text
+
+
+def kernel_kill_run(tmp_path: Path, exits: Iterable[tuple[int, int]]) -> Deaths:
+    """The golden node's group kill (victim 127 and 119 in the trainer container), its saved log replayed after
+    the exits the proc connector reported: (pid, signal) at the kill's time."""
+    config = golden_config(K8S, tmp_path)
+    replay = Deaths(Settings(boot_id=Proc(config.proc).boot_id(), boot_time=BOOT_TIME, kmsg_source=None,
+                             counting=False), now=DETECTED_AT)
+    tree = RecordedTree(K8S / "cgroup", K8S / "run")
+    replay.run(tree.start())
+    tree.close()
+    replay.step(ProcessExeced(119, CONTAINER, 1, "python3"))  # the container's init
+    replay.step(ProcessExeced(127, CONTAINER, 9, "python3"))
+    kill_time = parse_iso8601(json.loads((K8S / "expected-incidents.json").read_text())[0]["time"])
+    for pid, signal in exits:
+        replay.step(ProcessExited(pid, signal, kill_time + 0.05), DETECTED_AT)
+    replay.run(saved_log_events(K8S / "kmsg"))
+    replay.settle()
+    return replay
+
+
+def test_a_kernel_kill_is_kernel_oom_and_changes_no_incident(tmp_path: Path) -> None:
+    without = kernel_kill_run(tmp_path, ())
+    replay = kernel_kill_run(tmp_path, [(127, SIGKILL), (119, SIGKILL)])
+    [incident] = replay.published
+    [death] = replay.deaths
+    assert (death.cause, death.sender, death.pid, death.main, death.processes, death.incident) == (
+        "kernel-oom", None, 119, True, 2, incident.key)
+    assert "killed by the kernel's OOM killer" in death.explanation
+    # The incidents and their counts are those of a run without the proc connector's exits.
+    assert replay.pipeline.view().store.incidents == without.pipeline.view().store.incidents
+    store = replay.pipeline.view().store
+    assert store.node_kills == without.pipeline.view().store.node_kills
+    assert store.workloads[TRAINER].kills == without.pipeline.view().store.workloads[TRAINER].kills
+    assert store.workloads[TRAINER].deaths["kernel-oom"] == 1 and sum(store.workloads[TRAINER].deaths.values()) == 1
+
+
+def test_a_sigterm_exit_after_an_earlier_child_oom_is_not_an_oom_kill(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path, oom_group=0)
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    # A child of the main process is killed by the kernel: memory.events counts it (its record lost).
+    events = tmp_path / "cgroup" / CONTAINER.lstrip("/")
+    for name in ("memory.events.local", "memory.events"):
+        (events / name).write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n")
+    replay.run(recorded.changed(CONTAINER), now=BOOT + 10.0)
+    replay.settle()
+    assert [(i.evidence, i.kind) for i in replay.published] == [("memory.events", "single")]
+    kills = dict(replay.pipeline.view().store.workloads[TRAINER].kills)
+    # A minute later the pod is deleted: the main process ends by SIGTERM.
+    replay.step(ProcessExited(5001, SIGTERM, BOOT + 70.0), BOOT + 70.0)
+    replay.settle()
+    recorded.close()
+    [death] = replay.deaths
+    assert (death.cause, death.pid, death.signal, death.main) == ("not-oom", 5001, SIGTERM, True)
+    assert death.last_exit is not None and death.last_exit.to_json() == {
+        "oom_killed": False, "reported_oom_killed": True, "verdict": "stale"}
+    assert "this exit was not an OOM kill" in death.explanation
+    store = replay.pipeline.view().store
+    assert dict(store.workloads[TRAINER].kills) == kills and len(store.incidents) == 1
+    assert store.workloads[TRAINER].deaths["not-oom"] == 1
+
+
+def test_a_cuda_oom_in_the_log_of_a_main_process_that_exited_1_is_gpu_oom(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path, read_logs=True)
+    recorded.close()
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    replay.step(ProcessExited(5001, None, BOOT + 30.0, code=1), BOOT + 30.0)
+    replay.advance_to(BOOT + 32.5)
+    # Only the container's log can tell: the pipeline asks for it, and waits.
+    [request] = replay.log_requests
+    assert (request.key, request.namespace, request.pod, request.pod_uid, request.container) == (
+        CONTAINER, "ml", "train-0", POD_UID, "trainer")
+    assert replay.deaths == []
+    # The agent reads the kubelet's layout: <root>/<namespace>_<pod>_<uid>/<container>/<restart>.log, the latest.
+    pods = tmp_path / "pods"
+    folder = pods / f"ml_train-0_{POD_UID}" / "trainer"
+    folder.mkdir(parents=True)
+    (folder / "0.log").write_text("2026-11-26T10:00:00.000000000Z stdout F an earlier run ended well\n")
+    shutil.copy(GPULOG, folder / "1.log")
+    finding = container_log_finding(str(pods), request)
+    assert finding is not None
+    replay.step(LogTailRead(request.key, finding), BOOT + 32.6)
+    [death] = replay.deaths
+    assert (death.cause, death.memory, death.pid, death.exit_code, death.signal) == ("gpu-oom", "gpu", 5001, 1,
+                                                                                     None)
+    assert death.log is not None and death.log.device == 0
+    assert "GPU 0 ran out of memory" in death.explanation
+    no_oom_kills(replay)
+    assert replay.pipeline.view().store.workloads[TRAINER].deaths["gpu-oom"] == 1
+    replay.settle()
+    assert replay.pipeline.next_deadline() is None
+
+
+def test_a_log_that_never_comes_leaves_an_exit_1_unjudged(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path, read_logs=True)
+    recorded.close()
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    replay.step(ProcessExited(5001, None, BOOT + 30.0, code=1), BOOT + 30.0)
+    replay.settle()
+    assert len(replay.log_requests) == 1 and replay.deaths == []  # exit 1, nothing said why: not a memory death
+    assert replay.pipeline.next_deadline() is None
+
+
+def test_a_stop_judges_the_deaths_being_collected(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    fx = replay.step(Stop(), BOOT + 5.5)
+    assert [d.cause for d in fx.deaths] == ["userspace"]
+    assert fx.save is not None and fx.save["death_keys"] == [list(fx.deaths[0].key)]
+
+
+def test_death_lines_in_the_events_file_are_not_incidents(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    replay.settle()
+    [death] = replay.deaths
+    line = death.to_json()
+    assert line["record"] == "death" and incident_key_of_json(line) is None
+    path = tmp_path / "events.jsonl"
+    events = EventsFile(str(path))
+    events.open()
+    events.publish_death(line)
+    events.publish_death(line)  # once
+    events.close()
+    assert len(path.read_text().splitlines()) == 1
+    assert written_keys(str(path)) == {death_key_of_json(json.loads(path.read_text()))}
+    again = EventsFile(str(path))
+    again.open()
+    again.publish_death(line)  # a restart knows it is written
+    again.close()
+    assert len(path.read_text().splitlines()) == 1
+    assert Store().count_death(death.key, "no-such-cause", TRAINER, line) is False
