@@ -346,6 +346,10 @@ def _sinks(config: Config, pod_index) -> list[Sink]:
         recorder = PodEventRecorder.from_environment(node_name=config.node_name)
         if recorder is not None:
             sinks.append(PodEventSink(recorder))
+    from oomwatch.sinks.journal import JournalSink, journal_wanted
+
+    if journal_wanted(config.journal):  # kills in systemd units, beside the unit's own lines
+        sinks.append(JournalSink())
     return sinks
 
 

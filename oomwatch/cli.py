@@ -98,6 +98,10 @@ def main() -> None:
               help="Leave series out of /metrics on large fleets, comma-separated: `pods` (the pod-level series, "
                    "duplicates of their containers'), `memory-events` (oomwatch_memory_events_total, 5 per "
                    "workload; the OOMKilled verdict rules read it). Default: none.")
+@click.option("--journal", envvar="OOMWATCH_JOURNAL", type=click.Choice(["auto", "on", "off"]), default="auto",
+              show_default=True, help="Write each kill in a systemd unit to the journal, where `journalctl -u "
+                                      "UNIT` and `systemctl status UNIT` show it (needs root); auto: as root, where "
+                                      "/run/systemd/journal/socket exists.")
 @click.option("--log-level", envvar="OOMWATCH_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--web-config-file", envvar="OOMWATCH_WEB_CONFIG_FILE", default=None, metavar="PATH",
@@ -105,7 +109,7 @@ def main() -> None:
                    "Prometheus' exporter-toolkit web config file (see the README, \"Who can reach the port\").")
 def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, listen, events_file,
           state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, drop_series,
-          log_level, web_config_file) -> None:
+          journal, log_level, web_config_file) -> None:
     """Run the node agent: follow the kernel log and the cgroup tree, publish every OOM kill as an incident,
     serve Prometheus metrics. Stops cleanly on SIGTERM (state flushed, exit 0).
 
@@ -138,7 +142,7 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, listen=listen, events_file=events_file,
                     state_dir=state_dir, kubelet_config=kubelet_config, run_root=run_root, pod_log_dir=pod_log_dir,
                     node_name=node_name, kube_api=kube_api, pod_events=pod_events, proc_connector=proc_connector,
-                    grace_period=grace_period, drop_series=dropped,
+                    grace_period=grace_period, drop_series=dropped, journal=journal,
                     web_config_file=web_config_file, boot_time=_boot_time(boot_time))
     try:
         from oomwatch.early import take_early_pump

@@ -30,3 +30,7 @@ class Config:
     web_config_file: Optional[str] = None  # TLS and auth for the port (sinks.webconfig.load_web_config)
     # Series left out of /metrics on large fleets (sinks.collector.DROPPABLE): "pods", "memory-events".
     drop_series: tuple[str, ...] = ()
+    # Journal entries attached to the systemd unit of each kill (sinks.journal): auto = as root where
+    # journald's socket exists, on, off. `oomwatch agent` defaults to auto; a Config built elsewhere (tests)
+    # writes to this host's journal only when it asks to.
+    journal: str = "off"
