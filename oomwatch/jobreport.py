@@ -37,9 +37,10 @@ def incidents_url(source: str) -> Optional[str]:
     return source if source.rstrip("/").endswith("/incidents") else source.rstrip("/") + "/incidents"
 
 
-def parse_events_lines(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
+def parse_events_lines(lines: list[str], deaths: Optional[list] = None) -> tuple[list[dict[str, Any]], int]:
     """The incidents of an events file's lines (one JSON object each), and how many lines were not one (a torn
-    last line, another program's output on the same stdout)."""
+    last line, another program's output on the same stdout). A death's verdict (`"record": "death"`) is neither:
+    it goes to `deaths` when given."""
     incidents, bad = [], 0
     for line in lines:
         line = line.strip()
@@ -50,6 +51,10 @@ def parse_events_lines(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
         except ValueError:
             bad += 1
             continue
+        if isinstance(value, dict) and value.get("record") == "death":
+            if deaths is not None:
+                deaths.append(value)
+            continue
         if isinstance(value, dict) and "workload" in value and "time" in value:
             incidents.append(value)
         else:
@@ -57,9 +62,10 @@ def parse_events_lines(lines: list[str]) -> tuple[list[dict[str, Any]], int]:
     return incidents[-MAX_INCIDENTS:], bad
 
 
-def load_incidents(source: str, timeout: float = 10.0) -> tuple[list[dict[str, Any]], int]:
+def load_incidents(source: str, timeout: float = 10.0,
+                   deaths: Optional[list] = None) -> tuple[list[dict[str, Any]], int]:
     """The incidents of the agent's /incidents (a URL) or of an events file (a path), oldest first, and how
-    many lines of the file were not incidents."""
+    many lines of the file were not incidents; an events file's deaths' verdicts go to `deaths` when given."""
     url = incidents_url(source)
     if url is not None:
         try:
@@ -83,7 +89,7 @@ def load_incidents(source: str, timeout: float = 10.0) -> tuple[list[dict[str, A
             text = f.read(MAX_EVENTS_BYTES).decode("utf-8", "replace")
     except OSError as exc:
         raise IncidentsUnavailable(f"{source}: {exc.strerror or exc}") from None
-    return parse_events_lines(text.splitlines())
+    return parse_events_lines(text.splitlines(), deaths)
 
 
 def job_of(workload: dict[str, Any]) -> Optional[tuple[str, str]]:
@@ -185,8 +191,9 @@ def build_job_report(config: Config, job: str, source: Optional[str], *,
     then."""
     notes: list[str] = []
     unreadable = 0
+    deaths: list[dict[str, Any]] = []  # the events file's deaths' verdicts (oomwatch.deaths)
     if source is not None:
-        incidents, unreadable = load_incidents(source)
+        incidents, unreadable = load_incidents(source, deaths=deaths)
         if unreadable:
             one = unreadable == 1
             notes.append(f"{unreadable} line{'' if one else 's'} of {source} {'is' if one else 'are'} not an "
@@ -222,6 +229,9 @@ def build_job_report(config: Config, job: str, source: Optional[str], *,
                 and row["container"] == (namespace, pod, container)]
         restarts.append({"namespace": namespace, "pod": pod, "container": container,
                          **restart_verdict(run, mine)})
+    job_deaths = sorted((d for d in deaths if is_jobs(d, job)
+                         and (since is None or (_time(d) is not None and _time(d) >= since))),
+                        key=lambda d: _time(d) or 0.0, reverse=True)
     after = [{"time": r["incident"].get("time"), "namespace": r["container"][0], "pod": r["container"][1],
               "container": r["container"][2], **r["after"]} for r in rows]
     return {"job": job, "jobs": [{"kind": k, "name": n} for k, n in jobs if n],
@@ -229,7 +239,7 @@ def build_job_report(config: Config, job: str, source: Optional[str], *,
             "kills": len(kills), "group_kills": sum(i.get("kind") == "group" for i in kills),
             "pods": [{"namespace": ns, "pod": p, **v} for (ns, p), v in sorted(pods.items())],
             "restarts": restarts, "incidents": [r["incident"] for r in rows], "after_kill": after,
-            "in_source": len(incidents), "notes": notes}
+            "in_source": len(incidents), "notes": notes, "deaths": job_deaths}
 
 
 def _not_a_pod(workload: dict[str, Any], incident: dict[str, Any]) -> str:
@@ -287,6 +297,13 @@ def render_job_text(report: dict[str, Any], color: bool = False, width: int = 80
             when = utc_seconds(parse_iso8601(a["time"])) if a.get("time") else "time unknown"
             who = f"{a['namespace']}/{a['pod']} {a['container']}" if a["pod"] else "the workload"
             out.extend(_wrap(f"{when} {who}: {a['why']}", width))
+        out.append("")
+    if report.get("deaths"):
+        out.append(s.bold("Deaths of the job's processes (verdicts; only kernel-oom ones are OOM kills)"))
+        for death in report["deaths"]:
+            when = utc_seconds(parse_iso8601(death["time"])) if death.get("time") else "time unknown"
+            sender = f" by {death['sender']}" if death.get("sender") else ""
+            out.extend(_wrap(f"{when} {death.get('cause')}{sender}: {death.get('explanation')}", width))
         out.append("")
     out.append(render_text({"incidents": report["incidents"]}, color=color, width=width).rstrip("\n"))
     return "\n".join(out) + "\n"

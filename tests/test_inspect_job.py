@@ -217,8 +217,9 @@ def test_slurm_jobs_and_the_jobs_the_metric_names() -> None:
 
 def test_events_lines() -> None:
     incidents, bad = parse_events_lines(['{"time": "t", "workload": {}}', '{"time": "t", "work', "",
-                                         "2026-11-22 agent log line", '{"other": 1}'])
-    assert len(incidents) == 1 and bad == 3
+                                         "2026-11-22 agent log line", '{"other": 1}',
+                                         '{"record": "death", "time": "t", "workload": {}, "cause": "userspace"}'])
+    assert len(incidents) == 1 and bad == 3  # a death's verdict is not an incident, nor a bad line
 
 
 def test_after_a_kill_without_run_ids_times_decide() -> None:
@@ -228,3 +229,34 @@ def test_after_a_kill_without_run_ids_times_decide() -> None:
     assert after_kill(before, run)["restarted"] is True and "10 s after the kill" in after_kill(before, run)["why"]
     assert after_kill(after, run)["restarted"] is False
     assert after_kill(after, None)["restarted"] is None
+
+
+def test_the_jobs_deaths_from_the_events_file_are_shown_and_are_not_kills(jobset_node, tmp_path: Path) -> None:
+    """A death's verdict (the pipeline's own line, "record": "death") of the job's container in the events file:
+    listed under the job's deaths, never counted as one of its kills."""
+    from oomwatch.deaths import SIGKILL
+    from oomwatch.events import ProcessExeced, ProcessExited
+    from tests.test_pipeline_deaths import BOOT, CONTAINER, k8s_node
+
+    node, incidents = jobset_node
+    replay, recorded = k8s_node(tmp_path / "replay")
+    recorded.close()
+    replay.step(ProcessExeced(5001, CONTAINER, 1, "python3"), BOOT + 1.0)
+    replay.step(ProcessExited(5001, SIGKILL, node.started + 30), BOOT + 5.0)
+    replay.settle()
+    (death,) = replay.deaths
+    line = death.to_json()
+    line["workload"].update(job=dict(JOBSET), owner=dict(OWNER))
+    path = events_file(tmp_path, incidents + [line])
+    result = inspect_job(node, "--job", "train", "--incidents", str(path), "--no-color")
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "2 OOM kills on this node (1 group kill) in 1 pod, of the 3 incidents of" in out
+    assert "not an incident" not in out  # the death's line is not a bad line either
+    deaths = out.split("Deaths of the job's processes (verdicts; only kernel-oom ones are OOM kills) ")[1]
+    assert deaths.split(" Recent OOM kills")[0].endswith(
+        "userspace by unknown: ml/train-0 trainer: python3 (pid 5001) was killed with SIGKILL by another process "
+        "(the node does not say which), not by the kernel's OOM killer: no OOM kill of it is in the kernel log or "
+        "memory.events.")
+    report = json.loads(inspect_job(node, "--job", "train", "--incidents", str(path), "--json").output)
+    assert [d["cause"] for d in report["deaths"]] == ["userspace"] and report["kills"] == 2
