@@ -83,6 +83,7 @@ class E2ERun:
     events_errors: list
     final_metrics: list | None
     wall_seconds: float
+    deaths: list = field(default_factory=list)  # the events file's death lines ("record": "death"), apart
 
     def scenario(self, name: str) -> ScenarioRun:
         if name not in self.scenarios:
@@ -126,16 +127,18 @@ def load_run(run_dir: Path, result: vm.VMResult | None, vm_env: vm.VMEnv | None,
         )
     all_raw = (run_dir / "kmsg-all.raw").read_bytes() if (run_dir / "kmsg-all.raw").exists() else b""
     all_records, _ = kmsgtruth.parse_records(all_raw)
-    events, errors = None, []
+    events, errors, deaths = None, [], []
     ev_path = run_dir / "agent" / "events.jsonl"
     if ev_path.exists():
         events = []
         for i, line in enumerate(ev_path.read_text().splitlines()):
             if line.strip():
                 try:
-                    events.append(json.loads(line))
+                    data = json.loads(line)
                 except ValueError as e:
                     errors.append(f"line {i + 1}: {e}")
+                    continue
+                (deaths if isinstance(data, dict) and data.get("record") == "death" else events).append(data)
     fm = run_dir / "metrics-final.txt"
     return E2ERun(
         run_dir,
@@ -149,6 +152,7 @@ def load_run(run_dir: Path, result: vm.VMResult | None, vm_env: vm.VMEnv | None,
         errors,
         parse_metrics(fm.read_text()) if fm.exists() else None,
         wall,
+        deaths,
     )
 
 

@@ -27,8 +27,9 @@ def storm() -> dict:
     sdir = run_dir / "j_storm"
     if not (sdir / "storm.json").exists():
         pytest.fail(f"the storm did not run to its end: see {run_dir}/driver.log", pytrace=False)
-    events = [json.loads(line) for line in (run_dir / "agent" / "events.jsonl").read_text().splitlines()
-              if line.strip()]
+    lines = [json.loads(line) for line in (run_dir / "agent" / "events.jsonl").read_text().splitlines()
+             if line.strip()]
+    events = [e for e in lines if e.get("record") != "death"]  # incidents; deaths' verdicts are other lines
     metrics = parse_metrics((sdir / "metrics.txt").read_text())
     return {"dir": run_dir, "storm": json.loads((sdir / "storm.json").read_text()), "events": events,
             "metrics": metrics, "gt": json.loads((sdir / "ground-truth.json").read_text())}

@@ -1798,6 +1798,8 @@ SCENARIOS = [
     NotOom,
     Restart,
     DeletedContainer,
+    # deaths that look like memory deaths (issue 22): userspace, kernel-oom, not-oom (tests/e2e/guest/deaths_scenario.py)
+    *__import__("deaths_scenario").SCENARIOS,
     # the global OOM last but one, Prometheus after it, so that it never is the global OOM killer's victim
     GlobalOom,
     PrometheusDashboard,
