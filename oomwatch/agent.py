@@ -18,7 +18,7 @@ import time
 from typing import Callable, Optional
 
 from oomwatch.config import Config
-from oomwatch.events import LogTailRead, StateSaved, Stop, Tick
+from oomwatch.events import LogTailRead, OomdMarksRead, StateSaved, Stop, Tick
 from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, node_layout, scraped_workloads
 from oomwatch.parse.gpulog import container_log_dir, parse_log_tail, read_log_tail
 from oomwatch.pipeline import Effects, LogRequest, Pipeline, Settings, View
@@ -28,7 +28,7 @@ from oomwatch.sinks.collector import AGENT_CHECKS, AgentStatus, OomwatchCollecto
 from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
-from oomwatch.sources.cgroupsource import CgroupSource, ProcessSource, cgroup_namespace_prefix
+from oomwatch.sources.cgroupsource import CgroupSource, ProcessSource, cgroup_namespace_prefix, oomd_marks
 from oomwatch.sources.kernellog import KernelLogSource
 from oomwatch.sources.kubeletconfig import KubeletConfigWatch
 from oomwatch.sources.procconn import ProcConnector, ProcConnectorUnavailable
@@ -206,8 +206,8 @@ def publish_to(sinks: list[Sink], incident) -> None:
 
 
 def apply_deaths(agent: Agent, fx: Effects) -> None:
-    """Deaths' verdicts to the sinks that show them; the container logs the pipeline asked for, read here and
-    stepped back as LogTailRead events, so that the pipeline stays pure."""
+    """Deaths' verdicts to the sinks that show them; the container logs and systemd-oomd marks the pipeline asked
+    for, read here and stepped back as LogTailRead / OomdMarksRead events, so that the pipeline stays pure."""
     for death in fx.deaths:
         for sink in agent.sinks:
             publish = getattr(sink, "publish_death", None)
@@ -219,6 +219,8 @@ def apply_deaths(agent: Agent, fx: Effects) -> None:
                 log.exception("sink %s could not take a death", type(sink).__name__)
     for request in fx.read_logs:
         agent.events.put(LogTailRead(request.key, container_log_finding(agent.config.pod_log_dir, request)))
+    for path in fx.read_marks:  # at once: the unit's cgroup goes soon after its processes
+        agent.events.put(OomdMarksRead(path, *oomd_marks(agent.fs.abspath(path))))
 
 
 def container_log_finding(pod_log_root: str, request: LogRequest):

@@ -33,7 +33,8 @@ class KernelLogEnded(NamedTuple):
 class CgroupAdded(NamedTuple):
     """A cgroup appeared (or was found at start). Read when it was seen: its directory's inode,
     memory.events.local, memory.oom.group, whether memory.max is a limit, the pids of cgroup.procs, and, for a
-    container cgroup, the names its runtime bundle gave (the bundle is gone soon after the container dies)."""
+    container cgroup, the names its runtime bundle gave (the bundle is gone soon after the container dies), and
+    systemd-oomd's mark on it (`user.oomd_ooms`, None where unset)."""
 
     path: str
     ino: Optional[int]
@@ -42,6 +43,7 @@ class CgroupAdded(NamedTuple):
     limited: bool
     pids: tuple
     names: Optional[ContainerNames] = None
+    oomd_ooms: Optional[int] = None
 
 
 class CgroupChanged(NamedTuple):
@@ -85,6 +87,16 @@ class ProcessExited(NamedTuple):
     signal: Optional[int]
     time: float
     code: Optional[int] = None
+
+
+class OomdMarksRead(NamedTuple):
+    """systemd-oomd's marks on a workload cgroup, read when the pipeline asked (Effects.read_marks: a SIGKILL in a
+    systemd unit): `user.oomd_ooms` (incremented before its kills) and `user.oomd_kill`; None where unset or
+    the cgroup is gone."""
+
+    path: str
+    ooms: Optional[int]
+    kills: Optional[int]
 
 
 class LogTailRead(NamedTuple):

@@ -27,6 +27,7 @@ from oomwatch.events import (
     KernelLog,
     KernelLogEnded,
     LogTailRead,
+    OomdMarksRead,
     PostureRead,
     ProcessExeced,
     ProcessExited,
@@ -44,6 +45,7 @@ from oomwatch.deaths import (
     Exit,
     ExitGroup,
     KernelKill,
+    OomdMark,
     classify,
     kernel_kill_of,
     needs_log,
@@ -93,6 +95,7 @@ class Effects:
     done: bool = False  # Stop handled: the loop ends
     deaths: list[Death] = field(default_factory=list)  # verdicts counted once by the store: for the sinks
     read_logs: list[LogRequest] = field(default_factory=list)  # container logs to read (then step LogTailRead)
+    read_marks: list[str] = field(default_factory=list)  # systemd units' cgroups: read systemd-oomd's marks now
 
 
 class View(NamedTuple):
@@ -167,12 +170,13 @@ class Pipeline:
         self._recent_kills: deque[KernelKill] = deque(maxlen=RECENT_KILLS)
         self._death_context: OrderedDict[str, _DeathContext] = OrderedDict()
         self._awaiting_log: dict[str, tuple[ExitGroup, float]] = {}
+        self._oomd_found: dict[str, int] = {}  # user.oomd_ooms of cgroups marked already when found
         self._handlers: dict[type, Callable[[Any, Effects], None]] = {
             KernelLog: self._kernel_log, CgroupAdded: self._cgroup_added, CgroupChanged: self._cgroup_changed,
             CgroupRemoved: self._cgroup_removed, ProcessForked: self._forked, ProcessExeced: self._execd,
             ProcessExited: self._exited, PostureRead: self._posture, StateSaved: self._state_saved,
             KernelLogEnded: self._kernel_log_ended, Stop: self._stop, Tick: lambda event, fx: None,
-            LogTailRead: self._log_tail_read,
+            LogTailRead: self._log_tail_read, OomdMarksRead: self._oomd_marks_read,
         }
 
     # --- the step ----------------------------------------------------------------------------------
@@ -300,6 +304,8 @@ class Pipeline:
         node.remember_pids(path, event.pids)
         node.set_oom_group(path, event.oom_group)
         node.first_reading(path, event.local)
+        if event.oomd_ooms:
+            self._oomd_found[path] = event.oomd_ooms
         if event.names is not None:
             self.resolver.runtime_names.keep(event.names)
         self._classify(path, event.oom_group, event.limited, fx, names_arrived=event.names is not None)
@@ -326,6 +332,7 @@ class Pipeline:
             context.oom_kill_near = self.node.oom_kill_near(event.path, self._now - 60.0, self._now)
             context.identity = context.identity or self._identities.get(event.path)
         self._identities.pop(event.path, None)
+        self._oomd_found.pop(event.path, None)
         if event.path in self._over_cap:
             del self._over_cap[event.path]
             if not self._over_cap:
@@ -395,7 +402,10 @@ class Pipeline:
         if workload not in self._death_context:
             if len(self._death_context) >= MAX_DEATH_CONTEXTS:
                 self._death_context.popitem(last=False)
-            self._death_context[workload] = _DeathContext(self._identities.get(workload))
+            identity = self._identities.get(workload)
+            self._death_context[workload] = _DeathContext(identity)
+            if event.signal == SIGKILL and identity is not None and identity.type == "systemd":
+                fx.read_marks.append(workload)  # systemd-oomd marks the unit it kills: read it before it goes
 
     # --- node, state, stop -----------------------------------------------------------------------------
 
@@ -536,12 +546,15 @@ class Pipeline:
         near = self.node.oom_kill_near(group.key, group.first - OOM_KILL_NEAR_SECONDS,
                                        group.last + OOM_KILL_NEAR_SECONDS) or (not live and context.oom_kill_near)
         in_run = self.node.oom_kills_local(group.key) if live else context.oom_kills
+        oomd = None
+        if context.oomd is not None and context.oomd[0] is not None:
+            oomd = OomdMark(group.key, self._oomd_found.get(group.key), context.oomd[0], context.oomd[1])
         evidence = Evidence(
             workload=workload, boot_id=self.settings.boot_id,
             kernel_kills=tuple(k for k in self._recent_kills if start <= k.time <= end),
             oom_kills_in_window=1 if near else 0,
             oom_kills_in_run=in_run if workload is not None and workload.type == "k8s-container" else None,
-            log=log)
+            oomd=oomd, log=log)
         death = classify(group, evidence, self._now)
         if death is None:
             return
@@ -550,6 +563,11 @@ class Pipeline:
             self._dirty = self.settings.persist
             fx.deaths.append(death)
             fx.changed = True
+
+    def _oomd_marks_read(self, event: OomdMarksRead, fx: Effects) -> None:
+        context = self._death_context.get(event.path)
+        if context is not None:
+            context.oomd = (event.ooms, event.kills)
 
     def _log_tail_read(self, event: LogTailRead, fx: Effects) -> None:
         waiting = self._awaiting_log.pop(event.key, None)
@@ -570,9 +588,10 @@ class _DeathContext:
     """What a workload being judged was, kept past its cgroup's removal (which often comes before its death is
     complete): its identity, memory.events.local `oom_kill` as last read, whether it moved near the end."""
 
-    __slots__ = ("identity", "oom_kills", "oom_kill_near")
+    __slots__ = ("identity", "oom_kills", "oom_kill_near", "oomd")
 
     def __init__(self, identity: Optional[Workload]) -> None:
         self.identity = identity
         self.oom_kills: Optional[int] = None
         self.oom_kill_near = False
+        self.oomd: Optional[tuple[Optional[int], Optional[int]]] = None  # systemd-oomd's marks, as read

@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from oomwatch.agent import container_log_finding
 from oomwatch.deaths import SIGKILL, SIGTERM, Death
-from oomwatch.events import CgroupRemoved, KernelLog, LogTailRead, ProcessExeced, ProcessExited, Stop
+from oomwatch.events import KernelLog, LogTailRead, OomdMarksRead, ProcessExeced, ProcessExited, Stop
 from oomwatch.model import death_key_of_json, incident_key_of_json
 from oomwatch.pipeline import Effects, Settings
 from oomwatch.sinks.events import EventsFile, written_keys
@@ -20,7 +20,7 @@ from oomwatch.sources.cgroupfs import Proc
 from oomwatch.store import Store
 from oomwatch.timefmt import parse_iso8601
 from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES
-from tests.replay import RecordedTree, Replay, live_settings, saved_log_events
+from tests.replay import RecordedTree, Replay, live_settings, saved_log_events, tree_events
 from tests.test_golden import golden_config
 
 K8S = FIXTURES / "golden" / "k8s-runc"
@@ -256,3 +256,54 @@ def test_death_lines_in_the_events_file_are_not_incidents(tmp_path: Path) -> Non
     again.close()
     assert len(path.read_text().splitlines()) == 1
     assert Store().count_death(death.key, "no-such-cause", TRAINER, line) is False
+
+
+UNIT = "/system.slice/containerd.service"  # a systemd unit of the golden node's tree
+
+
+def test_systemd_oomd_is_named_when_it_marked_the_unit_it_killed(tmp_path: Path) -> None:
+    """systemd-oomd increments user.oomd_ooms on the unit's cgroup before its SIGKILLs: the pipeline asks for the
+    marks at the unit's first SIGKILL (the agent reads them at once, before the cgroup goes) and names it."""
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    replay.step(ProcessExeced(6001, UNIT, None, None), BOOT + 1.0)
+    replay.step(ProcessExeced(6002, UNIT, None, None), BOOT + 1.0)
+    fx = replay.step(ProcessExited(6001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    assert fx.read_marks == [UNIT]
+    assert replay.step(ProcessExited(6002, SIGKILL, BOOT + 5.01), BOOT + 5.01).read_marks == []  # once a death
+    replay.step(OomdMarksRead(UNIT, 1, 2), BOOT + 5.02)
+    replay.settle()
+    [death] = replay.deaths
+    assert (death.cause, death.sender, death.processes, death.workload.unit) == (
+        "userspace", "systemd-oomd", 2, "containerd.service")
+    assert "systemd-oomd marked /system.slice/containerd.service: user.oomd_ooms 0 → 1, user.oomd_kill 2" in (
+        death.evidence)
+    assert "systemd-oomd, under memory pressure" in death.explanation
+    no_oom_kills(replay)
+
+
+def test_a_mark_older_than_the_agent_is_not_taken_for_this_kill(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    [added] = [e for e in tree_events(tmp_path / "cgroup") if e.path == UNIT]
+    replay.step(added._replace(oomd_ooms=1), BOOT + 0.5)  # marked already when the agent found it
+    replay.step(ProcessExeced(6001, UNIT, None, None), BOOT + 1.0)
+    replay.step(ProcessExited(6001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    replay.step(OomdMarksRead(UNIT, 1, None), BOOT + 5.02)
+    replay.settle()
+    assert [(d.cause, d.sender) for d in replay.deaths] == [("userspace", "unknown")]
+
+
+def test_the_marks_are_read_as_systemd_oomd_writes_them(tmp_path: Path) -> None:
+    """user.* xattrs (cgroupfs has them since 5.7; a temporary directory stands in here): decimal text."""
+    import os
+
+    from oomwatch.sources.cgroupsource import oomd_marks
+
+    unit = tmp_path / "unit.service"
+    unit.mkdir()
+    assert oomd_marks(str(unit)) == (None, None)
+    os.setxattr(unit, "user.oomd_ooms", b"3")
+    os.setxattr(unit, "user.oomd_kill", b"12")
+    assert oomd_marks(str(unit)) == (3, 12)
+    assert oomd_marks(str(tmp_path / "gone.service")) == (None, None)

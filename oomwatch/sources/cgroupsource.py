@@ -19,6 +19,7 @@ from oomwatch.events import (
     ProcessExited,
     ProcessForked,
 )
+from oomwatch.deaths import parse_oomd_xattr
 from oomwatch.parse.cgroup import parse_limit
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc, cat
 from oomwatch.workloads import WorkloadResolver
@@ -96,7 +97,8 @@ class CgroupSource:
         if local is not None:
             self._last_local[path] = tuple(local.get(k, 0) for k in _COUNTERS)
         oom_group, limited = self._limits_of(path)
-        self._emit(CgroupAdded(path, ino, local, oom_group, limited, self._pids(path), self._names(path)))
+        self._emit(CgroupAdded(path, ino, local, oom_group, limited, self._pids(path), self._names(path),
+                               oomd_marks(self.fs.abspath(path))[0]))
 
     def _removed(self, path: str) -> None:
         if self.stat_cache is not None:
@@ -139,6 +141,18 @@ class CgroupSource:
         """A cgroup got its first process (a container's init, its resources now set): pids and oom.group."""
         oom_group, limited = self._limits_of(path)
         self._emit(CgroupChanged(path, None, None, oom_group, limited, self._subtree_pids(path)))
+
+
+def oomd_marks(directory: str) -> tuple[Optional[int], Optional[int]]:
+    """systemd-oomd's marks on a cgroup directory: `user.oomd_ooms` and `user.oomd_kill` (None where unset, or
+    where the cgroup is gone or the filesystem has no user xattrs)."""
+    out = []
+    for name in ("user.oomd_ooms", "user.oomd_kill"):
+        try:
+            out.append(parse_oomd_xattr(os.getxattr(directory, name)))
+        except OSError:  # ENODATA: never marked; ENOENT: gone; EOPNOTSUPP: a kernel before 5.7's cgroupfs
+            out.append(None)
+    return out[0], out[1]
 
 
 def cgroup_namespace_prefix(proc: Proc, own_cgroup: Optional[str]) -> Optional[str]:
