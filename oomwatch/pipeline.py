@@ -428,12 +428,13 @@ class Pipeline:
         # next start, which re-reads the log from its first record (the cursor stops before it).
         self.witness.add(self.correlator.release_finished(), self._now)
         self._publish(self.witness.due(self._now, everything=True), fx)
-        # Deaths being collected are judged with what is known now (their exits are not heard again).
+        # Deaths being collected are judged with what is known now (their exits are not heard again; no log
+        # asked for now would be read).
         for group, _ in list(self._awaiting_log.values()):
             self._judge(group, fx, log_read=True)
         self._awaiting_log.clear()
         for group in self.deaths.due(self._now, everything=True):
-            self._judge(group, fx)
+            self._judge(group, fx, log_read=True)
         if self.settings.persist:
             fx.save = self.state()
             self._dirty = False

@@ -233,6 +233,17 @@ def test_a_stop_judges_the_deaths_being_collected(tmp_path: Path) -> None:
     assert fx.save is not None and fx.save["death_keys"] == [list(fx.deaths[0].key)]
 
 
+def test_a_stop_asks_for_no_log_it_would_never_read(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path, read_logs=True)
+    recorded.close()
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    replay.step(ProcessExited(5001, None, BOOT + 5.0, code=1), BOOT + 5.0)  # only its log could tell why
+    assert len(replay.pipeline.deaths) == 1
+    fx = replay.step(Stop(), BOOT + 5.5)
+    assert fx.read_logs == [] and not replay.pipeline._awaiting_log and len(replay.pipeline.deaths) == 0
+    assert fx.deaths == []  # an exit 1 with nothing to say it was memory: no verdict
+
+
 def test_death_lines_in_the_events_file_are_not_incidents(tmp_path: Path) -> None:
     replay, recorded = k8s_node(tmp_path)
     recorded.close()
