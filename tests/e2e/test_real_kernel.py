@@ -31,6 +31,7 @@ OOM_SCENARIOS = [
     "e_global_oom",
     "h_deleted_container",
     "i_prometheus_dashboard",
+    *(HOLDERS := ["l_holders_pool", "m_holders_shm", "n_holders_writer"]),
 ]
 # h: the agent is paused (SIGSTOP) through the kill and the container's deletion, so its latency and the
 # cgroup's final memory.events (gone before the agent could read them) are not the agent's to know
@@ -593,3 +594,65 @@ def test_every_process_that_died_with_a_group_kill_is_reported(e2e: E2ERun, name
         assert not missing, (f"seq {k.seq}: died with the group kill but not reported: {missing}; "
                              f"killed {sorted(p['pid'] for p in inc['killed'])}, "
                              f"exiting {inc.get('exiting')}, died_with {inc.get('died_with')}")
+
+
+# ----------------------------------------------------------------------------------------- what held the memory
+def printed_report(sc: ScenarioRun):
+    """The kernel's own report of the scenario's kill: its stats block and task table (oomwatch's parser is
+    checked against the raw captures in tests/test_parse_memstat.py)."""
+    from oomwatch.parse.kmsg import parse_kmsg_record
+    from oomwatch.parse.memstat import memory_reports
+
+    from tests.conftest import raw_records
+
+    texts = [parse_kmsg_record(raw).text for raw in raw_records(sc.dir / "kmsg.raw")]
+    reports = [r for r in memory_reports(texts) if r.stats is not None]
+    assert len(reports) == 1, [r.cgroup for r in reports]
+    return reports[0]
+
+
+@pytest.mark.parametrize("name", HOLDERS)
+def test_what_held_the_memory_is_the_kernel_s_report(e2e: E2ERun, name: str):
+    """Issue 21 on the real kernel: the incident's breakdown is the kernel's printed stats and within 1% of the
+    limit of the memory.stat the scenario read just before the kill; the top holders are the task table's
+    largest rows; the verdict is the scenario's."""
+    from oomwatch.holders import BREAKDOWN_KEYS, breakdown
+    from oomwatch.parse.memstat import parse_memory_stat_block
+
+    sc = e2e.scenario(name)
+    require_agent_view(sc, e2e)
+    (k,) = sc.kernel
+    (inc,) = agent_matches(sc.incidents, k)
+    report, limit = printed_report(sc), sc.gt["limit_bytes"]
+    assert report.cgroup == k.oom_memcg
+    held = inc["memory_breakdown"]
+    assert held is not None and held["source"] == "kmsg" and held["age_seconds"] == 0.0
+    printed = breakdown(report.stats)
+    before = sc.gt["memory_stat_before_kill"]
+    assert before["text"], "the scenario read no memory.stat before the kill"
+    read = breakdown(parse_memory_stat_block(before["text"]))
+    for key in BREAKDOWN_KEYS:
+        assert held[key] == printed[key], key
+        assert abs(read[key] - printed[key]) <= 0.01 * limit, (key, read[key], printed[key], before)
+    page = os.sysconf("SC_PAGE_SIZE")
+    largest = sorted(report.tasks, key=lambda r: (-r.rss_pages, r.pid))[:5]
+    assert [(h["pid"], h["rss_bytes"]) for h in inc["top_holders"]] == [(r.pid, r.rss_pages * page)
+                                                                         for r in largest]
+    killed = {p["pid"] for p in inc["killed"]}
+    assert all(h["killed"] == (h["pid"] in killed) for h in inc["top_holders"])
+    expect = sc.gt["expect"]
+    if "verdict" in expect:
+        assert inc["verdict"] == expect["verdict"], inc["explanation"]
+    if "pool_comm" in expect:
+        pool = inc["pools"][0]
+        assert (pool["comm"], pool["processes"]) == (expect["pool_comm"], expect["pool_processes"])
+        assert pool["rss_bytes"] == sum(r.rss_pages * page for r in report.tasks if r.name == expect["pool_comm"])
+    if expect.get("verdict") == "shmem":
+        assert "stay charged after a restart" in inc["explanation"]
+    if name == "n_holders_writer":
+        assert held["file_bytes"] > 0, held  # the file being written is in the page cache at the kill
+    # and the series of the last kill says the same
+    series = {s.labels["type"]: s.value for s in sc.metrics if s.name == "oomwatch_last_oom_kill_memory_bytes"
+              and s.labels.get("pod") == sc.gt["pod"]["name"]}
+    assert series == {t: float(held[f"{t}_bytes"]) for t in ("anon", "file", "shmem", "kernel", "sock",
+                                                              "unevictable") if held[f"{t}_bytes"] is not None}

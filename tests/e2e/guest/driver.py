@@ -799,11 +799,11 @@ class Scenario:
         raise NotImplementedError
 
     def start_hog(self, p: dict, runtime: str, name: str, script: list[str], *, limit: int | None,
-                  procs: int, expect: dict | None = None) -> "Container":
+                  procs: int, expect: dict | None = None, **container) -> "Container":
         """The usual set-up: one hog container (memory.oom.group=1) in pod `p`, started with `procs`
         processes; the kernel is expected to group-kill it at container scope unless `expect` says
-        otherwise."""
-        self.hog = self.container(p, runtime, name, script, limit=limit, oom_group=1, trigger=True)
+        otherwise. `container`: more of Container's arguments (extra_mounts)."""
+        self.hog = self.container(p, runtime, name, script, limit=limit, oom_group=1, trigger=True, **container)
         self.hog.run()
         self.hog.wait_procs(procs)
         self.gt["expect"] = {
@@ -1798,6 +1798,8 @@ SCENARIOS = [
     NotOom,
     Restart,
     DeletedContainer,
+    # what held the memory (issue 21): a pool of workers, a tmpfs, a writer (tests/e2e/guest/holders_scenario.py)
+    *__import__("holders_scenario").SCENARIOS,
     # deaths that look like memory deaths (issue 22): userspace, kernel-oom, not-oom (tests/e2e/guest/deaths_scenario.py)
     *__import__("deaths_scenario").SCENARIOS,
     # the global OOM last but one, Prometheus after it, so that it never is the global OOM killer's victim

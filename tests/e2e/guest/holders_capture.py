@@ -44,7 +44,7 @@ POOL_LEADER = r"""
 import ctypes, os, sys, time
 libc = ctypes.CDLL(None)
 def name(comm):
-    libc.prctl(15, comm.encode(), 0, 0, 0)  # PR_SET_NAME: the task table's name column
+    libc.prctl(15, comm.encode(), 0, 0, 0)  # PR_SET_NAME: the name column of the task table
 name("pool_leader")
 pids = []
 for i in range(8):
