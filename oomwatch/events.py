@@ -72,12 +72,14 @@ class ProcessForked(NamedTuple):
 class ProcessExeced(NamedTuple):
     """A process exec'd; `cgroup` is its cgroup as /proc said then (in the host's cgroup tree); `ns_pid` its pid
     in its own pid namespace (the last of /proc/PID/status NSpid: 1 for a container's init) and `comm` its name,
-    when they could be read."""
+    when they could be read; `argv`, for a container runtime's own command (runc, crun, runsc, youki: short-lived,
+    read at once), its command line."""
 
     pid: int
     cgroup: Optional[str]
     ns_pid: Optional[int] = None
     comm: Optional[str] = None
+    argv: Optional[tuple] = None
 
 
 class ProcessExited(NamedTuple):

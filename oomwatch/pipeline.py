@@ -39,6 +39,7 @@ from oomwatch.events import (
 from oomwatch.deaths import (
     KILL_AFTER_SECONDS,
     KILL_BEFORE_SECONDS,
+    STOP_BEFORE_SECONDS,
     Death,
     DeathTracker,
     Evidence,
@@ -46,9 +47,11 @@ from oomwatch.deaths import (
     ExitGroup,
     KernelKill,
     OomdMark,
+    RuntimeKill,
     classify,
     kernel_kill_of,
     needs_log,
+    runtime_kill_from_argv,
 )
 from oomwatch.explain import explain
 
@@ -171,6 +174,7 @@ class Pipeline:
         self._death_context: OrderedDict[str, _DeathContext] = OrderedDict()
         self._awaiting_log: dict[str, tuple[ExitGroup, float]] = {}
         self._oomd_found: dict[str, int] = {}  # user.oomd_ooms of cgroups marked already when found
+        self._runtime_kills: deque[RuntimeKill] = deque(maxlen=RECENT_KILLS)  # `runc kill …` heard lately
         self._handlers: dict[type, Callable[[Any, Effects], None]] = {
             KernelLog: self._kernel_log, CgroupAdded: self._cgroup_added, CgroupChanged: self._cgroup_changed,
             CgroupRemoved: self._cgroup_removed, ProcessForked: self._forked, ProcessExeced: self._execd,
@@ -384,6 +388,10 @@ class Pipeline:
 
     def _execd(self, event: ProcessExeced, fx: Effects) -> None:
         self.node.process_execd(event.pid, event.cgroup, event.ns_pid, event.comm)
+        if event.argv:
+            kill = runtime_kill_from_argv(event.argv, self._now)
+            if kill is not None:
+                self._runtime_kills.append(kill)
 
     def _exited(self, event: ProcessExited, fx: Effects) -> None:
         main = self.node.mains.pop(event.pid, None) if self.node.mains else None
@@ -555,7 +563,9 @@ class Pipeline:
             kernel_kills=tuple(k for k in self._recent_kills if start <= k.time <= end),
             oom_kills_in_window=1 if near else 0,
             oom_kills_in_run=in_run if workload is not None and workload.type == "k8s-container" else None,
-            oomd=oomd, log=log)
+            oomd=oomd, log=log,
+            runtime_kills=tuple(k for k in self._runtime_kills
+                                if group.first - STOP_BEFORE_SECONDS - 1.0 <= k.time <= group.last + 1.0))
         death = classify(group, evidence, self._now)
         if death is None:
             return

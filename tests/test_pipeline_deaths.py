@@ -182,6 +182,26 @@ def test_a_sigterm_exit_after_an_earlier_child_oom_is_not_an_oom_kill(tmp_path: 
     assert store.workloads[TRAINER].deaths["not-oom"] == 1
 
 
+def test_the_runtimes_kill_of_the_container_is_named_as_its_sender(tmp_path: Path) -> None:
+    """containerd's shim stops a container with `runc --root … kill <id> 9` (the proc connector sees the exec,
+    the source reads its command line at once): the SIGKILL is the runtime's stop, not a mystery."""
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    container_id = CONTAINER.rsplit("/", 1)[1]
+    other = ("runc", "--root", "/run/containerd/runc/k8s.io", "kill", "a" * 64, "9")  # another container's
+    replay.step(ProcessExeced(7000, "/system.slice/containerd.service", None, "runc", other), BOOT + 4.8)
+    argv = ("runc", "--root", "/run/containerd/runc/k8s.io", "--log", "/run/x/log.json", "kill", container_id, "9")
+    replay.step(ProcessExeced(7001, "/system.slice/containerd.service", None, "runc", argv), BOOT + 4.9)
+    replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    replay.settle()
+    [death] = replay.deaths
+    assert (death.cause, death.sender) == ("userspace", "runtime-stop")
+    assert f"the runtime ran `kill {container_id[:12]} 9`" in " ".join(death.evidence)
+    assert "its container runtime, stopping the container" in death.explanation
+    no_oom_kills(replay)
+
+
 def test_a_cuda_oom_in_the_log_of_a_main_process_that_exited_1_is_gpu_oom(tmp_path: Path) -> None:
     replay, recorded = k8s_node(tmp_path, read_logs=True)
     recorded.close()

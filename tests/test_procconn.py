@@ -116,3 +116,8 @@ def test_the_real_connector_reports_an_exit_status_and_a_container_init_is_known
     assert comm is not None and comm.startswith("python") and ns_pid is not None
     assert name_and_ns_pid("Name:\tsleep\nUmask:\t0022\nNSpid:\t4242\t1\n") == ("sleep", 1)
     assert name_and_ns_pid(None) == (None, None)
+    from oomwatch.sources.cgroupsource import command_line
+
+    argv = command_line(f"/proc/{os.getpid()}/cmdline")
+    assert argv is not None and "python" in argv[0] and all("\0" not in a for a in argv)
+    assert command_line("/proc/0/cmdline") is None

@@ -183,11 +183,26 @@ class ProcessSource:
         if path is not None and self.cgns_prefix is not None:
             path = posixpath.normpath(self.cgns_prefix + "/" + path.lstrip("/"))
         comm, ns_pid = name_and_ns_pid(cat(f"{self.proc.root}/{pid}/status")) if path is not None else (None, None)
-        self._emit(ProcessExeced(pid, path, ns_pid, comm))
+        # A runtime's `kill` (the stop of a container): what it kills is a death's sender (oomwatch.deaths).
+        argv = command_line(f"{self.proc.root}/{pid}/cmdline") if comm in RUNTIME_COMMS else None
+        self._emit(ProcessExeced(pid, path, ns_pid, comm, argv))
 
     def exited(self, process_exit) -> None:
         self._emit(ProcessExited(process_exit.pid, process_exit.signal, process_exit.time,
                                  getattr(process_exit, "code", None)))
+
+
+RUNTIME_COMMS = frozenset({"runc", "crun", "runsc", "youki"})
+
+
+def command_line(path: str) -> Optional[tuple[str, ...]]:
+    """/proc/PID/cmdline split at its NULs (at most 64 arguments, 4 KiB); None when it is gone."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(4096)
+    except OSError:
+        return None
+    return tuple(arg.decode("utf-8", "replace") for arg in data.rstrip(b"\0").split(b"\0")[:64]) if data else None
 
 
 def name_and_ns_pid(status: Optional[str]) -> tuple[Optional[str], Optional[int]]:
