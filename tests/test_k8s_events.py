@@ -239,3 +239,37 @@ def test_from_environment(monkeypatch, api):
     monkeypatch.setenv("NODE_NAME", NODE)
     recorder = PodEventRecorder.from_environment(client=api.client())
     assert recorder is not None and recorder.enabled and recorder.node_name == NODE
+
+
+def test_a_deaths_verdict_is_an_event_on_its_pod_once_and_a_kernel_kill_is_not_posted_twice(api, tmp_path):
+    """The pipeline's own Death (tests/test_pipeline_deaths.py's replay: a container's init SIGKILLed by another
+    process) through the pod Event sink; a kernel-oom death is left to its incident's Event."""
+    from dataclasses import replace as replaced
+
+    from oomwatch.deaths import SIGKILL
+    from oomwatch.events import ProcessExeced, ProcessExited
+    from oomwatch.sinks import PodEventSink
+    from tests.test_pipeline_deaths import BOOT, CONTAINER, k8s_node
+
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    replay.step(ProcessExeced(5001, CONTAINER, 1, "python3"), BOOT + 1.0)
+    replay.step(ProcessExited(5001, SIGKILL, KILL_TIME), BOOT + 5.0)
+    replay.settle()
+    (death,) = replay.deaths
+    recorder = PodEventRecorder(api.client(), NODE)
+    sink = PodEventSink(recorder)
+    sink.start([])
+    sink.publish_death(death)
+    sink.publish_death(death)  # once
+    sink.publish_death(replaced(death, cause="kernel-oom", time=death.time + 60))  # its incident has the Event
+    assert recorder.wait_idle(5)
+    sink.close()
+    [post] = api.posts
+    body = post["body"]
+    assert post["path"].startswith("/api/v1/namespaces/ml/events")
+    assert (body["reason"], body["type"], body["message"]) == ("KilledBySignal", "Warning", death.explanation)
+    assert body["involvedObject"]["name"] == "train-0"
+    assert body["involvedObject"]["fieldPath"] == "spec.containers{trainer}"
+    assert body["firstTimestamp"] == "2026-11-22T17:38:21Z"
+    assert body["metadata"]["name"].startswith("train-0.") and api.statuses == [201]

@@ -77,7 +77,8 @@ class PodEventSink(NoLifecycle):
             self._recorder.record(incident)
 
     def publish_death(self, death: Death) -> None:
-        if death.workload is not None and death.workload.pod:
+        # A kernel-oom death's kill has its incident's Event already: one Event per kill, not two.
+        if death.cause != "kernel-oom" and death.workload is not None and death.workload.pod:
             self._recorder.record_death(death)
 
     def close(self) -> None:

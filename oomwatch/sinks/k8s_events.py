@@ -11,7 +11,8 @@ replay, a restarted agent re-reading the kernel ring buffer) is answered 409 Alr
 A bounded in-memory set of posted keys avoids even asking in the common case.
 
 Each death's verdict (oomwatch.deaths) in a pod gets one too, reason by cause (DEATH_REASONS: `KilledBySignal`
-for a SIGKILL no kernel OOM kill explains, `GPUOutOfMemory`, …), named after the death's identity.
+for a SIGKILL no kernel OOM kill explains, `GPUOutOfMemory`, …), named after the death's identity; the sink
+leaves out kernel-oom deaths, whose kill has its incident's Event.
 
 Needs RBAC `events: create` in the pods' namespaces. Without an API client the recorder is off.
 """
