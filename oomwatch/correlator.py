@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from oomwatch.model import (
     Incident,
@@ -48,6 +48,7 @@ from oomwatch.model import (
     Workload,
 )
 from oomwatch.holders import held_memory
+from oomwatch.parse.memstat import first_report
 from oomwatch.parse.oom import OomReaped, parse_oom_line
 from oomwatch.parse.prefilter import REPORT_RECORDS_MAX
 
@@ -147,6 +148,7 @@ class _Builder:
     # The texts of a full report's records from its `invoked oom-killer` line to its summary that are no OOM
     # line: its stats block and task table among them (what held the memory). None: no such line came.
     memory_texts: Optional[list[str]] = None
+    memory_report: Any = None  # the same, parsed by the live reader (oomwatch.model.ReportMemory)
 
     def add(self, kill: _Kill) -> None:
         self.kills.append(kill)
@@ -306,11 +308,15 @@ class Correlator:
                 and record.priority >> 3 == KERNEL_FACILITY and len(b.memory_texts) < REPORT_RECORDS_MAX):
             b.memory_texts.append(record.text)
 
-    def skipped(self, count: int, last_seq: Optional[int]) -> None:
-        """`count` records the reader's pre-filter found no OOM words in (read, not parsed)."""
+    def skipped(self, count: int, last_seq: Optional[int], memory: Any = None) -> None:
+        """`count` records the reader's pre-filter found no OOM words in (read, not parsed); or, with `memory`,
+        the memory part of the open report, parsed by the reader (an OomMemoryReport)."""
         self.stats.records += count
         if last_seq is not None:
             self.last_seq = last_seq
+        b = self._open
+        if memory is not None and b is not None and b.memory_texts is not None and b.summary is None and not b.kills:
+            b.memory_report = memory
 
     def lost(self, count: int) -> None:
         """Records the reader could not get (EPIPE gap): an incident that begins next without its header or
@@ -568,8 +574,10 @@ class Correlator:
             partial=b.partial,
             group_inferred=b.group_inferred,
         )
-        if b.memory_texts:
-            held = held_memory(b.memory_texts, limit_bytes=memory["limit_bytes"] if memory else None,
+        report = b.memory_report if b.memory_report is not None else (
+            first_report(b.memory_texts) if b.memory_texts else None)
+        if report is not None:
+            held = held_memory(report, limit_bytes=memory["limit_bytes"] if memory else None,
                                killed_pids=[p.pid for p in killed], page_size=self._page_size,
                                victim_rss_bytes=_rss_bytes(victim),
                                oom_cgroup=b.summary.oom_cgroup if b.summary is not None else None)

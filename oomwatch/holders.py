@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
-from oomwatch.parse.memstat import MemoryStat, NodeMemInfo, TaskRow, memory_reports
+from oomwatch.parse.memstat import MemoryStat, NodeMemInfo, OomMemoryReport, TaskRow
 
 BREAKDOWN_KEYS = (
     "anon_bytes", "file_bytes", "file_dirty_bytes", "file_writeback_bytes", "shmem_bytes", "kernel_bytes",
@@ -263,16 +263,15 @@ def page_size_of(rows: Sequence[TaskRow], victim_pid: Optional[int], victim_rss_
     return next((size for size in PAGE_SIZES if abs(ratio - size) <= 0.1 * size), None)
 
 
-def held_memory(texts: Iterable[str], *, limit_bytes: Optional[int], killed_pids: Sequence[int],
+def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int], killed_pids: Sequence[int],
                 page_size: Optional[int], victim_rss_bytes: Optional[int] = None,
                 oom_cgroup: Optional[str] = None, tmpfs_volumes: Sequence[str] = ()) -> dict:
-    """What held the memory, from the texts of one report's records between its `invoked oom-killer` line and
-    its kill line: {"memory_breakdown": {source, age_seconds, BREAKDOWN_KEYS…} | None, "top_holders": […],
-    "pools": […], "verdict": VERDICTS, "verdict_sentence": str}. `page_size`: the task table's pages (the
-    agent's own; None for a pasted log: told from the victim's row, else the rows are left out).
-    `killed_pids`: the victim first. `oom_cgroup`: the cgroup the report's summary names; stats of another
-    cgroup (lines of two reports mixed) are not this kill's, and are left out."""
-    report = next(iter(memory_reports(texts)), None)
+    """What held the memory, from one report's memory part (oomwatch.parse.memstat): {"memory_breakdown":
+    {source, age_seconds, BREAKDOWN_KEYS…} | None, "top_holders": […], "pools": […], "verdict": VERDICTS,
+    "verdict_sentence": str}. `page_size`: the task table's pages (the agent's own; None for a pasted log: told
+    from the victim's row, else the rows are left out). `killed_pids`: the victim first. `oom_cgroup`: the
+    cgroup the report's summary names; stats of another cgroup (lines of two reports mixed) are not this kill's,
+    and are left out."""
     if report is not None and report.stats is not None and oom_cgroup and report.cgroup not in (None, oom_cgroup):
         report = report._replace(stats=None)
     parts: Optional[dict] = None

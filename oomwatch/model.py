@@ -414,6 +414,15 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class ReportMemory(Skipped):
+    """The memory part of a full OOM report (its stats block or node counters and its task table: `count`
+    records up to `last_seq`), read by the live reader, which parses it in its own process: `report` is
+    oomwatch.parse.memstat's OomMemoryReport of it (None: nothing in it parsed)."""
+
+    report: Any = None
+
+
+@dataclass(frozen=True)
 class Garbled:
     """A record that did not parse (counted, never fatal)."""
 

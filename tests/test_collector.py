@@ -197,9 +197,10 @@ def test_golden_trees_byte_identical_to_prometheus_client(case: Path) -> None:
     view, live, info, parse_errors = golden_inputs(case)
     healthy = AgentStatus(checks={c: True for c in AGENT_CHECKS if c != "proc_connector"},
                           unwatched={"inotify_watches": 0, "unreadable": 0})  # a running agent's
-    ours = OomwatchCollector(view, live, info, cgroup_parse_errors=parse_errors, agent_status=lambda: healthy)
+    ours = OomwatchCollector(view, live, info, cgroup_parse_errors=parse_errors, agent_status=lambda: healthy,
+                             workloads=lambda: view.workloads)  # as the agent builds it (agent.py _collector)
     reference = ReferenceCollector(view, live, info, cgroup_parse_errors=parse_errors,
-                                   agent_status=lambda: healthy)
+                                   agent_status=lambda: healthy, workloads=lambda: view.workloads)
     content_type, chunks = ours.metrics("text/plain")
     body = b"".join(chunks)
     assert body == reference_text(reference)

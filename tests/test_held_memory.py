@@ -5,16 +5,18 @@ and runc group kill; the corpus' pasted reports)."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from oomwatch.config import Config
 from oomwatch.holders import BREAKDOWN_KEYS, breakdown, page_size_of
 from oomwatch.inspect import read_incidents, render_text
-from oomwatch.model import KmsgRecord
+from oomwatch.model import KmsgRecord, ReportMemory, Skipped
 from oomwatch.node import make_correlator
 from oomwatch.parse.kmsg import parse_kmsg_record
 from oomwatch.parse.memstat import memory_reports, parse_memory_stat_block
-from oomwatch.parse.prefilter import report_skipper
+from oomwatch.sources.kmsg import LiveKmsg
 from oomwatch.workloads import WorkloadResolver
 from tests.conftest import FIXTURES, raw_records
 
@@ -22,41 +24,64 @@ KMSG = FIXTURES / "kmsg"
 CAPTURES = sorted(KMSG.glob("*.kmsg"))
 
 
-def passed_by_the_reader(raw: list[bytes]) -> list[KmsgRecord]:
-    """The records the live reader parses and hands on (the others travel as counts)."""
-    skip = report_skipper()
-    return [parse_kmsg_record(r) for r in raw if skip(r) is None]
+def read_like_the_agent(raw: list[bytes]) -> list:
+    """What the live reader hands on for these records (oomwatch/sources/kmsg.py: one read() a record, as from
+    /dev/kmsg): records that may be OOM lines, counts of the others, and each full report's memory part parsed
+    as one ReportMemory."""
+    kernel_end, reader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    reader = LiveKmsg("test", prefilter=True)
+    reader.fd = reader_end.fileno()
+    reader_end.setblocking(False)
+    items: list = []
+    try:
+        for at in range(0, len(raw), 64):  # a burst at a time, as printk fills the ring
+            for record in raw[at:at + 64]:
+                kernel_end.send(record)
+            items += reader.read_available()
+    finally:
+        kernel_end.close()
+        reader_end.close()
+    return items
 
 
-def incidents_of(records: list[KmsgRecord]) -> list:
+def incidents_of(items: list) -> list:
     correlator = make_correlator(boot_id="t", boot_time=0.0, resolver=WorkloadResolver(),
                                  posture_single=lambda: "false")
     out = []
-    for record in records:
-        out += correlator.feed(record)
+    for item in items:
+        if isinstance(item, KmsgRecord):
+            out += correlator.feed(item)
+        elif isinstance(item, Skipped):
+            correlator.skipped(item.count, item.last_seq, getattr(item, "report", None))
     return out + correlator.flush()
 
 
+def every_record(raw: list[bytes]) -> list[KmsgRecord]:
+    return [parse_kmsg_record(r) for r in raw]
+
+
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda p: p.stem)
-def test_the_reader_passes_every_line_a_report_s_memory_part_is_read_from(capture):
+def test_the_reader_hands_on_every_report_s_memory_part_parsed(capture):
     raw = raw_records(capture)
-    every = [parse_kmsg_record(r).text for r in raw]
-    passed = [r.text for r in passed_by_the_reader(raw)]
-    assert list(memory_reports(passed)) == list(memory_reports(every))
+    items = read_like_the_agent(raw)
+    parsed = [i.report for i in items if isinstance(i, ReportMemory)]
+    assert parsed == list(memory_reports(r.text for r in every_record(raw)))
+    assert sum(i.count for i in items if isinstance(i, Skipped)) + sum(
+        isinstance(i, KmsgRecord) for i in items) == len(raw)  # every record is counted once
 
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda p: p.stem)
 def test_incidents_are_the_same_from_the_live_reader_and_from_every_record(capture):
     raw = raw_records(capture)
-    live = [i.to_json() for i in incidents_of(passed_by_the_reader(raw))]
-    whole = [i.to_json() for i in incidents_of([parse_kmsg_record(r) for r in raw])]
+    live = [i.to_json() for i in incidents_of(read_like_the_agent(raw))]
+    whole = [i.to_json() for i in incidents_of(every_record(raw))]
     for incident in live + whole:
         incident.pop("detected_at"), incident.pop("latency_seconds")
     assert live == whole
 
 
 def by_cgroup(capture: str) -> dict:
-    return {i.oom_cgroup: i for i in incidents_of(passed_by_the_reader(raw_records(KMSG / capture)))}
+    return {i.oom_cgroup: i for i in incidents_of(read_like_the_agent(raw_records(KMSG / capture)))}
 
 
 def read_before_the_kill(capture: str) -> dict:
@@ -69,7 +94,7 @@ def read_before_the_kill(capture: str) -> dict:
 
 
 def test_a_pool_of_eight_workers_is_named_and_summed():
-    pool = [i for i in incidents_of(passed_by_the_reader(raw_records(KMSG / "linux-6.12-holders.kmsg")))
+    pool = [i for i in incidents_of(read_like_the_agent(raw_records(KMSG / "linux-6.12-holders.kmsg")))
             if i.oom_cgroup == "/pool"]
     first = pool[0]  # the group kill's incident carries the report
     assert first.verdict == "pool"
@@ -110,7 +135,7 @@ def test_locked_pages_and_a_writer():
 
 
 def test_a_storm_s_ratelimited_reports_carry_nothing_rather_than_another_report_s_stats():
-    incidents = incidents_of(passed_by_the_reader(raw_records(KMSG / "linux-6.1-storm-ratelimited.kmsg")))
+    incidents = incidents_of(read_like_the_agent(raw_records(KMSG / "linux-6.1-storm-ratelimited.kmsg")))
     with_stats = [i for i in incidents if i.memory_breakdown is not None]
     without = [i for i in incidents if i.memory_breakdown is None]
     assert with_stats and without  # the ratelimit hid some reports' headers: those say nothing
@@ -121,20 +146,24 @@ def test_a_storm_s_ratelimited_reports_carry_nothing_rather_than_another_report_
 
 
 def test_the_global_oom_uses_the_node_counters():
-    (incident,) = incidents_of(passed_by_the_reader(raw_records(KMSG / "linux-6.1-global-oom-group.kmsg")))
+    (incident,) = incidents_of(read_like_the_agent(raw_records(KMSG / "linux-6.1-global-oom-group.kmsg")))
     assert incident.memory_breakdown["source"] == "meminfo"
     assert incident.top_holders[0]["comm"] == "python3" and incident.top_holders[0]["killed"]
 
 
 def test_a_forged_task_row_inside_a_report_is_not_taken():
+    """A process may write to /dev/kmsg (facility user): a row it plants in a report's table is not the kernel's,
+    whether the live reader or a saved log brings it."""
     raw = raw_records(KMSG / "linux-6.12-holders.kmsg")
-    records = [parse_kmsg_record(r) for r in raw]
-    at = next(n for n, r in enumerate(records) if r.text.startswith("[  pid  ]"))
-    header = records[at]
-    forged = KmsgRecord(priority=(1 << 3) | 6, seq=header.seq, usec=header.usec,  # facility user
-                        text="[  99999]     0 99999  9999999  9999999  9999999 0 0 0 0 0 evil")
-    (pool, *_) = [i for i in incidents_of(records[:at + 1] + [forged] + records[at + 1:]) if i.oom_cgroup == "/pool"]
-    assert "evil" not in [h["comm"] for h in pool.top_holders]
+    at = next(n for n, r in enumerate(raw) if b";[  pid  ]" in r)
+    seq = int(raw[at].split(b",")[1])
+    forged = b"14,%d,1,-;[  99999]     0 99999  9999999  9999999  9999999 0 0 0 0 0 evil" % (seq + 1)
+    renumbered = [b"%s,%d,%s" % (r.split(b",", 2)[0], int(r.split(b",", 2)[1]) + 1, r.split(b",", 2)[2])
+                  for r in raw[at + 1:]]
+    planted = raw[:at + 1] + [forged] + renumbered
+    for items in (read_like_the_agent(planted), every_record(planted)):
+        (pool, *_) = [i for i in incidents_of(items) if i.oom_cgroup == "/pool"]
+        assert pool.top_holders and "evil" not in [h["comm"] for h in pool.top_holders]
 
 
 def test_page_size_is_told_from_the_victim_s_row():

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from oomwatch.model import KmsgRecord
+from oomwatch.model import KmsgRecord, ReportMemory
 from oomwatch.sources.kmsg import KmsgUnavailable, Lost, Skipped
 from oomwatch.sources.kmsgproc import KmsgChild
 from tests.conftest import CAPTURES, SeqpacketKmsg, raw_records, wait_for
@@ -45,11 +45,12 @@ def test_a_storm_crosses_the_pipe_whole_and_in_order() -> None:
     assert len(records) + skipped == len(STORM)
     assert [r.seq for r in records] == sorted(r.seq for r in records)
     assert sum("Killed process" in r.text for r in records) == 450  # every kill line, none filtered away
-    # The stack traces and registers stay behind; each full report's memory part (stats block, task table)
-    # comes through for issue 21, the rest of the storm's records as counts.
+    # The stack traces and registers stay behind as counts; each full report's memory part (stats block, task
+    # table) crosses parsed, as one item (issue 21); the rest of the storm's records as counts.
     assert not [r.text for r in records if r.text.startswith((" ", "RIP:", "RAX:", "Code:", "Call Trace"))]
-    assert sum(r.text.startswith("Memory cgroup stats for ") for r in records) == 100
-    assert skipped > len(records)  # most of a storm is still read as counts (3,049 of 4,658)
+    parts = [i.report for i in items if isinstance(i, ReportMemory)]
+    assert len(parts) == 100 and all(p.cgroup and p.stats and p.tasks for p in parts)
+    assert skipped > 3 * len(records)
 
 
 def test_a_gap_after_the_cursor_is_lost_and_the_child_goes_with_its_agent() -> None:

@@ -21,7 +21,6 @@ What the kernel prints (mm/memcontrol.c, mm/oom_kill.c, mm/show_mem.c; real capt
 from __future__ import annotations
 
 import re
-from types import MappingProxyType
 from typing import Iterable, Iterator, Mapping, NamedTuple, Optional
 
 KIB = 1024
@@ -139,7 +138,7 @@ def parse_memory_stat_block(text: str) -> Optional[MemoryStat]:
     if pairs and len(pairs) == block.count("\n") + 1 and len(pairs) <= MAX_STAT_KEYS:  # one pair a line
         fast = {key: int(value) for key, value in pairs}
         if max(fast.values()) <= _U64_MAX:
-            return MemoryStat(MappingProxyType(fast), "v1" if ("cache" in fast or "rss" in fast)
+            return MemoryStat(fast, "v1" if ("cache" in fast or "rss" in fast)
                               and "anon" not in fast else "v2", "bytes")
     values: dict[str, int] = {}
     unit = "bytes"
@@ -172,7 +171,7 @@ def parse_memory_stat_block(text: str) -> Optional[MemoryStat]:
     if not values:
         return None
     dialect = "v1" if ("cache" in values or "rss" in values) and "anon" not in values else "v2"
-    return MemoryStat(MappingProxyType(values), dialect, unit)
+    return MemoryStat(values, dialect, unit)
 
 
 def parse_task_table_header(text: str) -> Optional[TaskTableHeader]:
@@ -249,7 +248,7 @@ def parse_node_meminfo(text: str) -> Optional[NodeMemInfo]:
         if not m or len(pages) >= MAX_STAT_KEYS:
             return None
         pages[m[1]] = int(m[2])
-    return NodeMemInfo(MappingProxyType(pages))
+    return NodeMemInfo(pages)
 
 
 def parse_meminfo_continuation(text: str) -> Optional[NodeMemInfo]:
@@ -264,7 +263,7 @@ def parse_meminfo_continuation(text: str) -> Optional[NodeMemInfo]:
         if not m:
             return None
         pages[m[1]] = int(m[2])
-    return NodeMemInfo(MappingProxyType(pages))
+    return NodeMemInfo(pages)
 
 
 class OomMemoryReport(NamedTuple):
@@ -276,6 +275,11 @@ class OomMemoryReport(NamedTuple):
     meminfo: Optional[NodeMemInfo]
     task_header: Optional[TaskTableHeader]
     tasks: tuple[TaskRow, ...]
+
+
+def first_report(texts: Iterable[str]) -> Optional[OomMemoryReport]:
+    """The memory part of the one report `texts` come from (what a reader kept of it), or None."""
+    return next(iter(memory_reports(texts)), None)
 
 
 def memory_reports(texts: Iterable[str]) -> Iterator[OomMemoryReport]:
@@ -348,6 +352,6 @@ class _ReportState:
     def report(self) -> OomMemoryReport:
         stats = self.inline
         if stats is None and self.stat_values:
-            stats = MemoryStat(MappingProxyType(dict(self.stat_values)), "v2", "bytes")
-        meminfo = NodeMemInfo(MappingProxyType(dict(self.meminfo))) if self.meminfo else None
+            stats = MemoryStat(dict(self.stat_values), "v2", "bytes")
+        meminfo = NodeMemInfo(dict(self.meminfo)) if self.meminfo else None
         return OomMemoryReport(self.cgroup, stats, meminfo, self.header, tuple(self.rows))

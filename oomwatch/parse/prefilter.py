@@ -46,7 +46,9 @@ def could_be_oom(raw: bytes) -> bool:
 # the report's stack trace and before its `oom-kill:` summary (or its kill line, before 4.19), and only for
 # reports its ratelimit lets through (at most 10 in 5 s): the stack and registers stay skipped, and what is
 # passed is a handful of records per report plus the task rows.
-_MEMORY_START = re.compile(rb"\d{1,20},\d{1,19},[^;]*;(?:Memory cgroup stats for |Mem-Info:|Tasks state |\[  pid  \])")
+# One match gives the sequence number, an OOM line's start (group 2) or the memory part's (group 3).
+_RECORD_IN_REPORT = re.compile(rb"\d{1,20},(\d{1,19}),[^;]*;(?:(" + _OOM_LINE_START +
+                               rb")|(Memory cgroup stats for |Mem-Info:|Tasks state |\[  pid  \]))?")
 _REPORT_END = (b"oom-kill:", b"Memory cgroup out of memory", b"Out of memory", b"Killed process")
 # A report whose end never comes (a ring that wrapped) stops passing records after this many: a task table's
 # rows (oomwatch.parse.memstat.MAX_TASK_ROWS) and the rest of the report.
@@ -55,14 +57,13 @@ _OUTSIDE, _HEAD, _MEMORY = 0, 1, 2  # where in a report the reader is
 
 
 def report_skipper() -> Callable[[bytes], Optional[int]]:
-    """A `skippable_seq` with memory: it also keeps the memory part of a report (its stats block or node
-    counters and its task table, up to its summary or kill line). One per reader: a report can span two
-    reads."""
+    """A `skippable_seq` with memory: the records of a report's memory part (its stats block or node counters
+    and its task table, up to its summary or kill line) come back as `~seq` (negative): the reader keeps them
+    together and parses them as one. One per reader: a report can span two reads."""
     phase = _OUTSIDE
     passed = 0
 
-    def skip(raw: bytes, _match=_RECORD.match, _invoked=_INVOKED, _end=_REPORT_END,
-             _memory=_MEMORY_START.match) -> Optional[int]:
+    def skip(raw: bytes, _match=_RECORD_IN_REPORT.match, _invoked=_INVOKED, _end=_REPORT_END) -> Optional[int]:
         nonlocal phase, passed
         m = _match(raw)
         if m is None:
@@ -72,13 +73,13 @@ def report_skipper() -> Callable[[bytes], Optional[int]]:
                 if m.group(2).startswith(_end):
                     phase = _OUTSIDE
                 return None
-            if phase == _HEAD and _memory(raw) is not None:
+            if phase == _HEAD and m.lastindex == 3:
                 phase, passed = _MEMORY, 0
             if phase == _MEMORY:
                 passed += 1
                 if passed > REPORT_RECORDS_MAX:
                     phase = _OUTSIDE
-                return None
+                return ~int(m.group(1))
         if _invoked in raw:
             phase = _HEAD
             return None

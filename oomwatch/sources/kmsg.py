@@ -25,8 +25,10 @@ from oomwatch.parse.kmsg import (
     TextLogStats,
     parse_kmsg_record,
     parse_text_log,
+    unescape,
     text_lines,
 )
+from oomwatch.parse.memstat import first_report
 from oomwatch.parse.prefilter import report_skipper
 from oomwatch.sources.logitems import (  # noqa: F401 (re-exported: the readers' items live there)
     Garbled,
@@ -34,6 +36,7 @@ from oomwatch.sources.logitems import (  # noqa: F401 (re-exported: the readers'
     KmsgUnavailable,
     Lost,
     NotAKernelLog,
+    ReportMemory,
     Skipped,
 )
 
@@ -67,6 +70,7 @@ class LiveKmsg:
         self._last_seq: Optional[int] = None
         self.prefilter = prefilter  # records that cannot be OOM lines come out as Skipped counts, unparsed
         self._skip = report_skipper()  # remembers a report in progress across reads
+        self._part: list[bytes] = []  # the memory part of the report in progress (it can span two reads)
         self.jumps = 0  # times the reader jumped to the newest record rather than chase the tail
 
     def open(self, after_seq: Optional[int] = None) -> None:
@@ -115,6 +119,9 @@ class LiveKmsg:
             if skip is not None:
                 seq = skip(raw)
                 if seq is not None:
+                    part = seq < 0  # a record of a full report's memory part
+                    if part:
+                        seq = ~seq
                     last = self._last_seq
                     if last is not None and seq != last + 1:
                         if seq <= last:
@@ -122,13 +129,25 @@ class LiveKmsg:
                         if skipped:
                             yield Skipped(skipped, last)
                             skipped = 0
+                        if self._part:
+                            yield self._memory_part(last)
                         yield Lost(seq - last - 1)
+                    if part:
+                        if skipped:
+                            yield Skipped(skipped, last)
+                            skipped = 0
+                        self._part.append(raw)
+                    else:
+                        if self._part:
+                            yield self._memory_part(last)
+                        skipped += 1
                     self._last_seq = seq
-                    skipped += 1
                     continue
             if skipped:
                 yield Skipped(skipped, self._last_seq)
                 skipped = 0
+            if self._part:
+                yield self._memory_part(self._last_seq)
             try:
                 record = parse_kmsg_record(raw)
             except KmsgParseError:
@@ -143,6 +162,17 @@ class LiveKmsg:
             yield record
         if skipped:
             yield Skipped(skipped, self._last_seq)
+
+    def _memory_part(self, last_seq: Optional[int]) -> ReportMemory:
+        """The memory part read so far as one item, parsed here (the reader's process) rather than record by
+        record in the agent's loop; only the kernel's own lines (facility 0: a process may write /dev/kmsg)."""
+        raws, self._part = self._part, []
+        texts = []
+        for raw in raws:  # the skipper matched each one's prefix (`PRI,SEQ,…;`): its text, less dictionary lines
+            head, _, rest = raw.partition(b";")
+            if int(head[:head.index(b",")]) >> 3 == 0:
+                texts.append(unescape(rest.split(b"\n", 1)[0]))
+        return ReportMemory(len(raws), last_seq, first_report(texts))
 
     def wait(self, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
         """Block until a record is readable (True), the timeout passes or `wake_fd` becomes readable."""

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Union
 
-from oomwatch.model import Garbled, KmsgRecord, Lost, Skipped  # kept in model: the pipeline takes them too
+from oomwatch.model import Garbled, KmsgRecord, Lost, ReportMemory, Skipped  # in model: the pipeline takes them too
 
 
-KmsgItem = Union[KmsgRecord, Lost, Garbled, Skipped]
+KmsgItem = Union[KmsgRecord, Lost, Garbled, Skipped, ReportMemory]
 
 
 class KmsgUnavailable(Exception):
