@@ -91,3 +91,15 @@ def test_a_sigterm_exit_after_a_child_oom_kill_is_not_an_oom_kill(e2e: E2ERun) -
     assert "this exit was not an OOM kill" in main["explanation"]
     assert oom_kills(sc) == 1  # the child's kill, once
     assert deaths_counted(sc) == {"kernel-oom": 1, "userspace": 0, "gpu-oom": 0, "alloc-failure": 0, "not-oom": 1}
+
+
+def test_a_container_stopped_by_runc_kill_is_the_runtimes_stop(e2e: E2ERun) -> None:
+    """f_sigkill_not_oom stops its container with `runc kill <id> KILL`, as containerd's shim does: the death's
+    sender is the runtime's stop (the source read runc's command line at its exec)."""
+    sc = e2e.scenario("f_sigkill_not_oom")
+    assert sc.kernel == []
+    cgroup = next(c for c, w in sc.gt["workloads"].items() if w["type"] == "k8s-container")
+    [death] = [d for d in e2e.deaths if d["cgroup"] == cgroup]
+    assert (death["cause"], death["sender"], death["signal"], death["main"]) == ("userspace", "runtime-stop", 9,
+                                                                                 True)
+    assert any("the runtime ran `kill " in e for e in death["evidence"])
