@@ -3,7 +3,8 @@ with the agent and its proc connector running. The kernel's own record (its log,
 and memory.events) says which deaths were its kills; the agent's death lines in the events file must agree, and
 only the kernel's kills may be incidents or count in oomwatch_oom_kills_total.
 
-One boot for these alone: `flock /tmp/oomwatch-vm.lock .venv/bin/python -m tests.e2e.vm --only o,p,q DIR`, then
+One boot for these alone (f_sigkill_not_oom's runc kill too): `flock /tmp/oomwatch-vm.lock .venv/bin/python -m
+tests.e2e.vm --only f,o,p,q DIR`, then
 `OOMWATCH_E2E_RUN=DIR .venv/bin/python -m pytest -m e2e tests/e2e/test_deaths.py`; the main run has them too."""
 
 from __future__ import annotations
