@@ -42,7 +42,9 @@ Labels = tuple[str, str, str, str]  # namespace, pod, container, cgroup (docs/co
 NO_KILLS: Mapping[str, int] = MappingProxyType({k: 0 for k in KINDS})
 NO_KILLED: Mapping[str, int] = MappingProxyType({r: 0 for r in ROLES})
 NO_DEATHS: Mapping[str, int] = MappingProxyType({c: 0 for c in CAUSES})
-MAX_DEATH_KEYS = 10_000  # deaths remembered as counted (a death is judged once; this guards a replayed one)
+# Deaths remembered as counted, in memory and in the state (a death is judged once, from exits a restart never
+# hears again; this guards against counting one twice all the same). A key holds a cgroup path: a few kept.
+MAX_DEATH_KEYS = 2_000
 
 
 @dataclass(slots=True)
@@ -73,7 +75,7 @@ class Snapshot:
     latency_buckets: tuple[int, ...]
     latency_count: int
     latency_sum: float
-    deaths: tuple[dict[str, Any], ...] = ()  # the last deaths judged (Death JSON, oldest first)
+    deaths: tuple[dict[str, Any], ...] = ()  # the last deaths judged since the start (Death JSON, oldest first)
 
 
 class StateError(Exception):
@@ -310,8 +312,7 @@ class Store:
             "kmsg": dict(self._kmsg),
             "counted_from_events": self._counted_from_events,
             "latency": {"buckets": self._buckets, "count": self._lat_count, "sum": self._lat_sum},
-            "deaths": list(self._deaths),
-            "death_keys": list(self._death_keys),
+            "death_keys": list(self._death_keys),  # (the last deaths' JSON is in the events file, not here)
         }
 
     def load_state(self, state: Any) -> None:
@@ -368,8 +369,6 @@ class Store:
         v.expect(cursor_source in ("kmsg", "syslog", "file"), f"cursor_source {cursor_source!r}")
         counted = state.get("counted_from_events", 0)
         v.expect(_is_count(counted), "counted_from_events")
-        death_list = state.get("deaths", [])
-        v.expect(isinstance(death_list, list) and all(isinstance(d, dict) for d in death_list), "deaths")
         death_keys = []
         for k in state.get("death_keys", []):
             v.expect(isinstance(k, list) and len(k) == 4 and all(isinstance(x, (str, int, float)) for x in k),
@@ -387,7 +386,6 @@ class Store:
         for key in keys:
             self._remember_key(key)
         self._deaths.clear()
-        self._deaths.extend(death_list)
         self._death_keys.clear()
         self._death_key_set.clear()
         for key in death_keys[-MAX_DEATH_KEYS:]:
