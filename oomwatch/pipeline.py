@@ -64,8 +64,9 @@ from oomwatch.workloads import WorkloadResolver
 
 # State is written at most this often while incidents keep coming (and at once when the log goes quiet).
 SAVE_INTERVAL = 1.0
-# Deaths (oomwatch.deaths): a death due while the kernel log is still describing a kill waits for it, this long
-# at most; a death waits this long for the container log it asked for; kills kept as evidence for deaths.
+# Deaths (oomwatch.deaths): a death due while the kernel log is still describing a kill, or before the log has
+# been read past its exits (a kill's lines come before its victim's exit), waits for it, this long at most; a
+# death waits this long for the container log it asked for; kills kept as evidence for deaths.
 DEATH_HOLD_SECONDS = 10.0
 LOG_WAIT_SECONDS = 5.0
 RECENT_KILLS = 512
@@ -175,6 +176,7 @@ class Pipeline:
         self._awaiting_log: dict[str, tuple[ExitGroup, float]] = {}
         self._oomd_found: dict[str, int] = {}  # user.oomd_ooms of cgroups marked already when found
         self._runtime_kills: deque[RuntimeKill] = deque(maxlen=RECENT_KILLS)  # `runc kill …` heard lately
+        self._woken_for_deaths: Optional[float] = None  # the due time a read of the kernel log was asked for
         self._handlers: dict[type, Callable[[Any, Effects], None]] = {
             KernelLog: self._kernel_log, CgroupAdded: self._cgroup_added, CgroupChanged: self._cgroup_changed,
             CgroupRemoved: self._cgroup_removed, ProcessForked: self._forked, ProcessExeced: self._execd,
@@ -208,9 +210,8 @@ class Pipeline:
             times.append(self._saved_at + SAVE_INTERVAL)
         death_due = self.deaths.next_due()
         if death_due is not None:
-            # While the kernel log is describing a kill, its own deadlines wake the loop; this one only bounds it.
-            held = self._kernel_busy() and self._now < death_due + DEATH_HOLD_SECONDS
-            times.append(death_due + DEATH_HOLD_SECONDS if held else death_due)
+            # Held for the kernel log, its own deadlines and reads wake the loop; this one only bounds the wait.
+            times.append(death_due + DEATH_HOLD_SECONDS if self._deaths_held(death_due) else death_due)
         if self._awaiting_log:
             times.append(min(at for _, at in self._awaiting_log.values()))
         return min((t for t in times if t is not None), default=None)
@@ -525,12 +526,26 @@ class Pipeline:
         """The kernel log is describing a kill (an incident open, or a group kill waiting for its exits)."""
         return bool(self.correlator.pending or len(self.witness))
 
+    def _log_behind(self, due: float) -> bool:
+        """The live kernel log has not been read to its end since the exits of the deaths due at `due` were
+        heard (each was heard `settle` seconds or more before it): a kill's lines, printed before its victim
+        exits, may still be on their way (a storm on a slow node)."""
+        return self.settings.kmsg_source is not None and self._read_started < due - self.deaths.settle
+
+    def _deaths_held(self, due: float) -> bool:
+        return self._now < due + DEATH_HOLD_SECONDS and (self._kernel_busy() or self._log_behind(due))
+
     def _advance_deaths(self, fx: Effects) -> None:
         now = self._now
         for key in [k for k, (_, at) in self._awaiting_log.items() if at <= now]:
             self._judge(self._awaiting_log.pop(key)[0], fx, log_read=True)  # no log came in time
         due = self.deaths.next_due()
-        if due is None or due > now or (self._kernel_busy() and now < due + DEATH_HOLD_SECONDS):
+        if due is None or due > now:
+            return
+        if self._deaths_held(due):
+            if self._log_behind(due) and self._woken_for_deaths != due:
+                self._woken_for_deaths = due
+                fx.wake_kernel_log = True  # read it now (the reader waits for a record, or syslog for a cue)
             return
         for group in self.deaths.due(now):
             self._judge(group, fx)

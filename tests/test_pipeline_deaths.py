@@ -19,8 +19,8 @@ from oomwatch.sinks.events import EventsFile, written_keys
 from oomwatch.sources.cgroupfs import Proc
 from oomwatch.store import Store
 from oomwatch.timefmt import parse_iso8601
-from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES
-from tests.replay import RecordedTree, Replay, live_settings, saved_log_events, tree_events
+from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES, raw_records
+from tests.replay import LiveReader, RecordedTree, Replay, live_settings, saved_log_events, tree_events
 from tests.test_golden import golden_config
 
 K8S = FIXTURES / "golden" / "k8s-runc"
@@ -63,6 +63,11 @@ def started(replay: Replay, pid: int, ns_pid: int, comm: str, at: float) -> None
     replay.step(ProcessExeced(pid, CONTAINER, ns_pid, comm), at)
 
 
+def log_read(replay: Replay, at: float) -> None:
+    """The kernel log's reader reads to its end at `at` (what the pipeline's wake asks for): nothing new."""
+    replay.step(KernelLog([], drained_at=at), at)
+
+
 def no_oom_kills(replay: Replay) -> None:
     store = replay.pipeline.view().store
     assert replay.published == [] and store.incidents == ()
@@ -80,7 +85,11 @@ def test_a_container_sigkilled_by_a_process_is_userspace_not_an_oom_kill(tmp_pat
     replay.run(recorded.removed(CONTAINER), now=BOOT + 5.3)  # the runtime removes the cgroup before it settles
     recorded.close()
     assert replay.deaths == [] and len(replay.pipeline.deaths) == 1  # collected, not yet complete
-    replay.advance_to(BOOT + 10.0)  # (within the gone workload's grace period: its series are still there)
+    wakes = replay.wakes
+    replay.advance_to(BOOT + 8.0)
+    # Complete, but the kernel log has not been read since the exits: a kill's lines may be on their way.
+    assert replay.deaths == [] and replay.wakes == wakes + 1  # a read is asked for, once
+    log_read(replay, BOOT + 8.1)  # (within the gone workload's grace period: its series are still there)
     [death] = replay.deaths
     assert (death.cause, death.sender, death.pid, death.main, death.signal, death.processes) == (
         "userspace", "unknown", 5001, True, SIGKILL, 2)
@@ -139,6 +148,34 @@ def kernel_kill_run(tmp_path: Path, exits: Iterable[tuple[int, int]]) -> Deaths:
     replay.run(saved_log_events(K8S / "kmsg"))
     replay.settle()
     return replay
+
+
+def test_a_kill_whose_lines_come_after_its_exits_is_still_kernel_oom(tmp_path: Path) -> None:
+    """On a slow node in a storm the proc connector's exits come first and the kernel log's lines of the kill
+    seconds later: the death waits for the log to be read past its exits (it asks for a read), then is the
+    kernel's. The golden node's group kill, its raw records through the live reader."""
+    tree = tmp_path / "cgroup"
+    shutil.copytree(K8S / "cgroup", tree)
+    recorded = RecordedTree(tree, K8S / "run")
+    kill_time = parse_iso8601(json.loads((K8S / "expected-incidents.json").read_text())[0]["time"])
+    replay = Deaths(live_settings(boot_time=BOOT_TIME), now=kill_time - 60)
+    replay.run(recorded.start())
+    recorded.close()
+    replay.step(KernelLog([], drained_at=kill_time - 60))
+    replay.step(ProcessExeced(119, CONTAINER, 1, "python3"), kill_time - 30)
+    replay.step(ProcessExeced(127, CONTAINER, 9, "python3"), kill_time - 30)
+    replay.step(ProcessExited(127, SIGKILL, kill_time + 0.05), kill_time + 0.05)
+    replay.step(ProcessExited(119, SIGKILL, kill_time + 0.06), kill_time + 0.06)
+    replay.advance_to(kill_time + 5.0)  # due at +2.06: held, a read asked for
+    assert replay.deaths == [] and replay.wakes >= 1
+    reader = LiveReader()
+    items = reader.read(raw_records(K8S / "kmsg"))
+    reader.close()
+    replay.step(KernelLog(items, drained_at=kill_time + 5.1), kill_time + 5.1)
+    replay.settle()
+    [incident] = replay.published
+    [death] = replay.deaths
+    assert (death.cause, death.pid, death.incident) == ("kernel-oom", 119, incident.key)
 
 
 def test_a_kernel_kill_is_kernel_oom_and_changes_no_incident(tmp_path: Path) -> None:
@@ -207,7 +244,8 @@ def test_a_cuda_oom_in_the_log_of_a_main_process_that_exited_1_is_gpu_oom(tmp_pa
     recorded.close()
     started(replay, 5001, 1, "python3", BOOT + 1.0)
     replay.step(ProcessExited(5001, None, BOOT + 30.0, code=1), BOOT + 30.0)
-    replay.advance_to(BOOT + 32.5)
+    replay.advance_to(BOOT + 32.4)
+    log_read(replay, BOOT + 32.5)
     # Only the container's log can tell: the pipeline asks for it, and waits.
     [request] = replay.log_requests
     assert (request.key, request.namespace, request.pod, request.pod_uid, request.container) == (
