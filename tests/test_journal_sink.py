@@ -32,10 +32,12 @@ from oomwatch.sinks.journal import (
     journal_wanted,
     systemd_units,
 )
-from tests.conftest import REPO
-from tests.replay import Replay, live_settings, saved_log_events
+from oomwatch.events import KernelLog
+from tests.conftest import CAPTURES, raw_records
+from tests.replay import BOOT_ID, Replay, live_reads, live_settings
 
-TOMCAT_LOG = REPO / "fixtures/kmsg/documented-5.4-global-single.journal"
+SYSTEMD_UNITS_LOG = CAPTURES / "linux-6.1-systemd-units.kmsg"
+BOOT = 1795693172.0  # the wall-clock time of that boot's kernel time 0 (approximately; any boot time does)
 ALL_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE | fcntl.F_SEAL_SEAL
 
 
@@ -64,14 +66,21 @@ def as_bytes(fields) -> list[tuple[str, bytes]]:
 
 
 @pytest.fixture(scope="module")
-def tomcat() -> Incident:
-    """A global OOM that killed java of tomcat.service, replayed through the pipeline from a kernel log."""
-    replay = Replay(live_settings(saved_log=True, kmsg_source="saved"))
-    replay.run(saved_log_events(TOMCAT_LOG))
+def units() -> dict[str, Incident]:
+    """The kernel's reports of three kills under systemd 252 (the real-kernel tier's systemd host): a service and
+    two transient scopes at their MemoryMax, the last with OOMPolicy=kill (a group kill), replayed through the
+    pipeline as the live reader reads them."""
+    replay = Replay(live_settings(boot_time=BOOT), now=BOOT + 380.0)
+    for items in live_reads(raw_records(SYSTEMD_UNITS_LOG)):
+        replay.step(KernelLog(items, drained_at=replay.now + 0.01), replay.now + 0.01)
     replay.settle()
-    (incident,) = replay.published
-    assert incident.workload.type == "systemd" and incident.workload.unit == "tomcat.service"
-    return incident
+    assert [(i.workload.type, i.kind) for i in replay.published] == [("systemd", "single")] * 2 + [("systemd", "group")]
+    return {i.workload.unit: i for i in replay.published}
+
+
+@pytest.fixture(scope="module")
+def service(units: dict[str, Incident]) -> Incident:
+    return units["oomtest-hog.service"]
 
 
 @pytest.mark.parametrize("cgroup, want", [
@@ -98,33 +107,40 @@ def test_systemd_units_names_the_unit_systemd_manages(cgroup: str, want: tuple) 
     assert systemd_units(cgroup) == want
 
 
-def test_entry_of_a_replayed_kill_in_a_service(tomcat: Incident) -> None:
-    (entry,) = journal_entries(tomcat)
-    fields = dict(entry)
-    assert len(fields) == len(entry), "a field twice"
-    assert fields["MESSAGE"] == tomcat.explanation
+def test_entries_of_real_kills_in_a_service_and_scopes(units: dict[str, Incident]) -> None:
+    entries = {unit: journal_entries(incident) for unit, incident in units.items()}
+    assert all(len(e) == 1 for e in entries.values())
+    fields = dict(entries["oomtest-hog.service"][0])
+    assert len(fields) == len(entries["oomtest-hog.service"][0]), "a field twice"
+    service = units["oomtest-hog.service"]
+    assert fields["MESSAGE"] == service.explanation
     assert fields["MESSAGE_ID"] == MESSAGE_ID and len(MESSAGE_ID) == 32 and int(MESSAGE_ID, 16)
     assert fields["PRIORITY"] == 4 and fields["SYSLOG_IDENTIFIER"] == "oomwatch"
-    assert fields["OBJECT_SYSTEMD_UNIT"] == "tomcat.service"
-    assert fields["OBJECT_SYSTEMD_CGROUP"] == "/system.slice/tomcat.service"
+    assert fields["OBJECT_SYSTEMD_UNIT"] == "oomtest-hog.service"
+    assert fields["OBJECT_SYSTEMD_CGROUP"] == "/oomtest.slice/oomtest-hog.service"
     assert "UNIT" not in fields and "OBJECT_SYSTEMD_USER_UNIT" not in fields  # UNIT= is PID 1's field
-    assert {k: fields[k] for k in ("OOMWATCH_KIND", "OOMWATCH_SCOPE", "OOMWATCH_CONSTRAINT", "OOMWATCH_EVIDENCE",
-                                   "OOMWATCH_OOM_CGROUP", "OOMWATCH_VICTIM_PID", "OOMWATCH_VICTIM_COMM",
-                                   "OOMWATCH_VICTIM_UID", "OOMWATCH_KILLED_COUNT", "OOMWATCH_KILLED")} == {
-        "OOMWATCH_KIND": "single", "OOMWATCH_SCOPE": "node", "OOMWATCH_CONSTRAINT": "global",
-        "OOMWATCH_EVIDENCE": "kmsg", "OOMWATCH_OOM_CGROUP": "/", "OOMWATCH_VICTIM_PID": 9120,
-        "OOMWATCH_VICTIM_COMM": "java", "OOMWATCH_VICTIM_UID": 998, "OOMWATCH_KILLED_COUNT": 1,
-        "OOMWATCH_KILLED": "java(9120)"}
-    assert fields["OOMWATCH_TIME"] == tomcat.to_json()["time"]
-    assert "OOMWATCH_GROUP_CGROUP" not in fields  # None values are left out, never sent as "None"
-    assert decode(encode(entry)) == as_bytes(entry)
+    assert {k: v for k, v in fields.items() if k.startswith("OOMWATCH_")} == {
+        "OOMWATCH_KIND": "single", "OOMWATCH_SCOPE": "cgroup", "OOMWATCH_CONSTRAINT": "memcg",
+        "OOMWATCH_EVIDENCE": "kmsg", "OOMWATCH_TIME": service.to_json()["time"], "OOMWATCH_BOOT_ID": BOOT_ID,
+        "OOMWATCH_KERNEL_SEQ": 585, "OOMWATCH_OOM_CGROUP": "/oomtest.slice/oomtest-hog.service",
+        "OOMWATCH_WORKLOAD_TYPE": "systemd", "OOMWATCH_WORKLOAD_CGROUP": "/oomtest.slice/oomtest-hog.service",
+        "OOMWATCH_VICTIM_PID": 347, "OOMWATCH_VICTIM_COMM": "dd", "OOMWATCH_VICTIM_UID": 0,
+        "OOMWATCH_VICTIM_CGROUP": "/oomtest.slice/oomtest-hog.service", "OOMWATCH_KILLED_COUNT": 1,
+        "OOMWATCH_KILLED": "dd(347)", "OOMWATCH_MEMORY_USAGE_BYTES": service.memory["usage_bytes"],
+        "OOMWATCH_MEMORY_LIMIT_BYTES": 64 << 20}  # None values (no group cgroup) are left out, never "None"
+    group = dict(entries["oomtest-group.scope"][0])
+    assert (group["OBJECT_SYSTEMD_UNIT"], group["OOMWATCH_KIND"], group["OOMWATCH_GROUP_CGROUP"],
+            group["OOMWATCH_KILLED"], group["OOMWATCH_KILLED_COUNT"]) == (
+        "oomtest-group.scope", "group", "/oomtest.slice/oomtest-group.scope", "dd(369) sleep(370)", 2)
+    for entry in (e[0] for e in entries.values()):
+        assert decode(encode(entry)) == as_bytes(entry)
 
 
-def test_values_with_newlines_and_raw_bytes_round_trip(tomcat: Incident) -> None:
+def test_values_with_newlines_and_raw_bytes_round_trip(service: Incident) -> None:
     """A cgroup name may hold any byte but "/": a newline (which would end a `NAME=value` field) and a byte
     that is not UTF-8 (read as a surrogate escape) go in the binary-safe form, and come back as they were."""
     cgroup = "/system.slice/we\nird\udcff=name.service"
-    odd = replace(tomcat, workload=replace(tomcat.workload, cgroup=cgroup, unit="we\nird\udcff=name.service"),
+    odd = replace(service, workload=replace(service.workload, cgroup=cgroup, unit="we\nird\udcff=name.service"),
                   workloads=(), explanation="line one\nline two")
     (entry,) = journal_entries(odd)
     data = encode(entry)
@@ -139,22 +155,22 @@ def test_values_with_newlines_and_raw_bytes_round_trip(tomcat: Incident) -> None
         encode([("_SYSTEMD_UNIT", "sshd.service")])  # a trusted field is journald's, never a client's
 
 
-def test_only_systemd_units_get_entries_one_per_unit(tomcat: Incident) -> None:
+def test_only_systemd_units_get_entries_one_per_unit(service: Incident) -> None:
     pod = Workload(type="k8s-container", cgroup="/kubepods/burstable/pod1/c1", namespace="ml", pod="train-0",
                    container="trainer")
-    assert journal_entries(replace(tomcat, workload=pod, workloads=(pod,))) == []
+    assert journal_entries(replace(service, workload=pod, workloads=(pod,))) == []
     other = Workload(type="other", cgroup="/sneaky/nginx.service")
-    assert journal_entries(replace(tomcat, workload=other, workloads=(other,))) == []
+    assert journal_entries(replace(service, workload=other, workloads=(other,))) == []
     # a slice's group kill that took processes of two services (and a pod's): an entry on each unit
     api = Workload(type="systemd", cgroup="/batch.slice/api.service", unit="api.service")
     worker = Workload(type="systemd", cgroup="/batch.slice/worker.service/sub", unit="sub")
-    both = replace(tomcat, kind="group", workload=api, workloads=(api, pod, worker, api))
+    both = replace(service, kind="group", workload=api, workloads=(api, pod, worker, api))
     units = [dict(entry)["OBJECT_SYSTEMD_UNIT"] for entry in journal_entries(both)]
     assert units == ["api.service", "worker.service"]
     # a user unit: on its user manager, and for `journalctl --user-unit`
-    app = Workload(type="systemd", cgroup="/user.slice/user-1000.slice/user@1000.service/app.slice/app.service",
-                   unit="app.service")
-    (entry,) = journal_entries(replace(tomcat, workload=app, workloads=(app,)))
+    app = Workload(type="systemd", unit="app.service",
+                   cgroup="/user.slice/user-1000.slice/user@1000.service/app.slice/app.service")
+    (entry,) = journal_entries(replace(service, workload=app, workloads=(app,)))
     assert {k: v for k, v in entry if k.startswith("OBJECT_SYSTEMD_")} == {
         "OBJECT_SYSTEMD_UNIT": "user@1000.service", "OBJECT_SYSTEMD_USER_UNIT": "app.service",
         "OBJECT_SYSTEMD_OWNER_UID": 1000, "OBJECT_SYSTEMD_CGROUP": app.cgroup}
@@ -162,21 +178,23 @@ def test_only_systemd_units_get_entries_one_per_unit(tomcat: Incident) -> None:
 
 def _death(cause: str, workload: Workload | None, **kw) -> Death:
     values = dict(time=1795169701.5, cause=cause, sender="unknown" if cause == "userspace" else None,
-                  cgroup=workload.cgroup if workload else "/x", workload=workload, pid=4242, comm="java", signal=9,
-                  exit_code=None, main=True, processes=1, pids=(4242,), evidence=("SIGKILL, no OOM kill",),
-                  explanation="tomcat.service: java (pid 4242) was killed with SIGKILL by another process; the "
-                              "kernel's OOM killer killed nothing.", detected_at=1795169712.0, boot_id="b1")
+                  cgroup=workload.cgroup if workload else "/x", workload=workload, pid=4242, comm="dd",
+                  signal=9, exit_code=None, main=True, processes=1, pids=(4242,),
+                  evidence=("SIGKILL, no OOM kill",), detected_at=1795169712.0, boot_id="b1",
+                  explanation="oomtest-hog.service: dd (pid 4242) was killed with SIGKILL by another process; "
+                              "the kernel's OOM killer killed nothing.")
     values.update(kw)
     return Death(**values)
 
 
-def test_deaths_in_a_unit_get_an_entry_unless_the_kernel_killed_them(tomcat: Incident, tmp_path: Path) -> None:
-    unit = tomcat.workload
+def test_deaths_in_a_unit_get_an_entry_unless_the_kernel_killed_them(service: Incident,
+                                                                     tmp_path: Path) -> None:
+    unit = service.workload
     entry = death_entry(_death("userspace", unit))
     assert entry is not None
     fields = dict(entry)
-    assert (fields["MESSAGE_ID"], fields["OBJECT_SYSTEMD_UNIT"], fields["OOMWATCH_CAUSE"], fields["OOMWATCH_SENDER"],
-            fields["OOMWATCH_SIGNAL"]) == (DEATH_MESSAGE_ID, "tomcat.service", "userspace", "unknown", 9)
+    keys = ("MESSAGE_ID", "OBJECT_SYSTEMD_UNIT", "OOMWATCH_CAUSE", "OOMWATCH_SENDER", "OOMWATCH_SIGNAL")
+    assert [fields[k] for k in keys] == [DEATH_MESSAGE_ID, "oomtest-hog.service", "userspace", "unknown", 9]
     assert DEATH_MESSAGE_ID != MESSAGE_ID and "OOMWATCH_EXIT_CODE" not in fields
     assert death_entry(_death("kernel-oom", unit)) is None  # the kernel's incident has its entry
     pod = Workload(type="k8s-container", cgroup="/kubepods/burstable/pod1/c1", pod="train-0")
@@ -216,18 +234,20 @@ def _receive(sock: socket.socket) -> tuple[bytes, tuple[int, int, int] | None, l
     return data, creds, fds
 
 
-def test_sink_sends_one_datagram_per_entry_with_the_senders_credentials(tmp_path: Path, tomcat: Incident) -> None:
+def test_sink_sends_one_datagram_per_entry_with_the_senders_credentials(tmp_path: Path,
+                                                                        service: Incident) -> None:
     path = tmp_path / "socket"
     server = _journald(path)
     sink = JournalSink(str(path))
     sink.start([])
     try:
-        sink.publish(tomcat)
-        sink.publish(replace(tomcat, workload=Workload(type="other", cgroup="/x"), workloads=()))  # not a unit
+        sink.publish(service)
+        other = Workload(type="other", cgroup="/x")
+        sink.publish(replace(service, workload=other, workloads=()))  # not a unit: no entry
         assert sink.wait_idle()
         data, creds, fds = _receive(server)
-        assert decode(data) == as_bytes(journal_entries(tomcat)[0])
-        # journald's _PID and _UID come from these, which the kernel fills in: the reason the unit runs as root
+        assert decode(data) == as_bytes(journal_entries(service)[0])
+        # journald's _PID and _UID come from these, filled in by the kernel: why the unit runs as root
         assert creds is not None and creds[:2] == (os.getpid(), os.getuid()) and fds == []
         server.settimeout(0.2)
         with pytest.raises(TimeoutError):
@@ -238,11 +258,11 @@ def test_sink_sends_one_datagram_per_entry_with_the_senders_credentials(tmp_path
         server.close()
 
 
-def test_an_entry_too_large_for_a_datagram_goes_in_a_sealed_memfd(tmp_path: Path, tomcat: Incident) -> None:
+def test_an_entry_too_large_for_a_datagram_goes_in_a_sealed_memfd(tmp_path: Path, service: Incident) -> None:
     path = tmp_path / "socket"
     server = _journald(path)
     sndbuf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
-    huge = replace(tomcat, explanation="x" * (2 * sndbuf + 1))  # more than a datagram can carry here
+    huge = replace(service, explanation="x" * (2 * sndbuf + 1))  # more than a datagram can carry here
     sink = JournalSink(str(path))
     sink.start([])
     try:
@@ -263,7 +283,7 @@ def test_an_entry_too_large_for_a_datagram_goes_in_a_sealed_memfd(tmp_path: Path
         server.close()
 
 
-def test_no_journald_is_one_warning_and_never_blocks(tmp_path: Path, tomcat: Incident,
+def test_no_journald_is_one_warning_and_never_blocks(tmp_path: Path, service: Incident,
                                                      caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "socket"
     sink = JournalSink(str(path))
@@ -271,7 +291,7 @@ def test_no_journald_is_one_warning_and_never_blocks(tmp_path: Path, tomcat: Inc
     try:
         with caplog.at_level(logging.INFO, logger="oomwatch.sinks.journal"):
             for _ in range(3):
-                sink.publish(tomcat)  # no socket at all
+                sink.publish(service)  # no socket at all
             assert sink.wait_idle()
             assert sink.failed == 3 and sink.sent == 0
             warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -279,14 +299,14 @@ def test_no_journald_is_one_warning_and_never_blocks(tmp_path: Path, tomcat: Inc
                                 "until it answers"]
             server = _journald(path)  # journald (re)started
             try:
-                sink.publish(tomcat)
+                sink.publish(service)
                 assert sink.wait_idle()
-                assert decode(_receive(server)[0])[0] == ("MESSAGE", tomcat.explanation.encode())
+                assert decode(_receive(server)[0])[0] == ("MESSAGE", service.explanation.encode())
                 assert sink.sent == 1 and sink.problem is None
                 assert "journal: entries reach" in caplog.records[-1].getMessage()
             finally:
                 server.close()
-            sink.publish(tomcat)  # the socket is left, nobody reads it: refused
+            sink.publish(service)  # the socket is left, nobody reads it: refused
             assert sink.wait_idle()
             assert "journald is not running" in caplog.records[-1].getMessage()
     finally:
@@ -294,7 +314,7 @@ def test_no_journald_is_one_warning_and_never_blocks(tmp_path: Path, tomcat: Inc
 
 
 def test_a_journald_that_does_not_read_drops_entries_and_the_caller_never_waits(
-        tmp_path: Path, tomcat: Incident, caplog: pytest.LogCaptureFixture) -> None:
+        tmp_path: Path, service: Incident, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "socket"
     server = _journald(path)  # bound, never read: its queue fills (net.unix.max_dgram_qlen)
     qlen = int(Path("/proc/sys/net/unix/max_dgram_qlen").read_text())
@@ -304,7 +324,7 @@ def test_a_journald_that_does_not_read_drops_entries_and_the_caller_never_waits(
         with caplog.at_level(logging.WARNING, logger="oomwatch.sinks.journal"):
             started = time.monotonic()
             for _ in range(qlen + 3):
-                sink.publish(tomcat)
+                sink.publish(service)
             assert time.monotonic() - started < 0.5, "publish waited on the socket"
             assert sink.wait_idle(10)
         assert sink.failed >= 1 and sink.sent + sink.failed == qlen + 3
@@ -314,11 +334,12 @@ def test_a_journald_that_does_not_read_drops_entries_and_the_caller_never_waits(
         server.close()
 
 
-def test_a_full_queue_drops_and_says_so(tmp_path: Path, tomcat: Incident, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_full_queue_drops_and_says_so(tmp_path: Path, service: Incident,
+                                        caplog: pytest.LogCaptureFixture) -> None:
     sink = JournalSink(str(tmp_path / "socket"), queue_size=2)  # not started: nothing takes from the queue
     with caplog.at_level(logging.WARNING, logger="oomwatch.sinks.journal"):
         for _ in range(5):
-            sink.publish(tomcat)
+            sink.publish(service)
     assert sink.dropped == 3
     assert [r.getMessage() for r in caplog.records] == ["journal: 2 entries wait already; dropped one"]
 

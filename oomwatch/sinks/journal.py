@@ -52,11 +52,11 @@ log = logging.getLogger(__name__)
 JOURNAL_SOCKET = "/run/systemd/journal/socket"
 # Ours, stable across releases (`journalctl MESSAGE_ID=…` lists every OOM kill oomwatch explained).
 MESSAGE_ID = "e30ab5d9982641acbb88b76df393a83d"
-# A death's verdict (oomwatch.deaths): a unit's process killed by SIGKILL without a kernel OOM kill, or its main
-# process ended after an allocation failed. A kernel-oom death has its incident's entry already.
+# A death's verdict (oomwatch.deaths): a unit's process killed by SIGKILL without a kernel OOM kill, or its
+# main process ended after an allocation failed. A kernel-oom death has its incident's entry already.
 DEATH_MESSAGE_ID = "aa165314303d4dc3b2975ca380dc2a91"
 SYSLOG_IDENTIFIER = "oomwatch"
-PRIORITY_WARNING = 4  # as the kernel's own "Memory cgroup out of memory" report is a warning to the unit
+PRIORITY_WARNING = 4  # a process of the unit was killed: a warning, as the pod Event of a kill is
 KILLED_LISTED = 20  # OOMWATCH_KILLED names at most this many processes; OOMWATCH_KILLED_COUNT is exact
 UNITS_PER_INCIDENT = 16  # entries for one incident (a slice's group kill across many units)
 _SLICE = ".slice"

@@ -105,6 +105,23 @@ BLACKLIST = (
 )
 
 
+# `vng --systemd`: the host's systemd as PID 1; virtme-ng runs the command from serial-getty@ttyS0.service.
+# `container=` (empty) in PID 1's environment tells systemd it is not in a container: on a host that is one
+# (/.dockerenv), systemd would take the VM for Docker and start no serial getty: the command would never run.
+# The other processes then read the empty $container of PID 1 as "some container", and a container's kernel
+# command line is PID 1's argv: systemd's options go in $SYSTEMD_PROC_CMDLINE instead (systemd's override of
+# /proc/cmdline, in PID 1's environment, which the generators inherit). The getty is the default unit: the
+# boot starts sysinit.target (journald, udev) and basic.target, not the host's own services (a database,
+# slurmd), which multi-user.target would start under TCG. Masked: tmpfiles' boot run (it tries to empty the
+# host's /tmp and more, read-only here over 9p, for a minute or more) and timesyncd (no network: it fails and
+# is restarted).
+SYSTEMD_OPTIONS = ("systemd.unit=serial-getty@ttyS0.service", "systemd.mask=systemd-tmpfiles-setup.service",
+                   "systemd.mask=systemd-timesyncd.service")
+SYSTEMD_BOOT = ("--systemd", "--append", "container=",
+                "--append", shlex.quote("SYSTEMD_PROC_CMDLINE=" + " ".join(SYSTEMD_OPTIONS)),
+                "--overlay-rwdir", "/root")  # root's home writable, as on a host (pip's cache)
+
+
 class VMUnavailable(RuntimeError):
     """The VM cannot be started here (setup failed, qemu/kernel/virtme-ng missing)."""
 
@@ -204,9 +221,11 @@ def prepare() -> VMEnv:
     return vm
 
 
-def vng_command(vm: VMEnv, shared_dir: Path, memory_mib: int, venv: Path = VENV) -> list[str]:
+def vng_command(vm: VMEnv, shared_dir: Path, memory_mib: int, venv: Path = VENV,
+                systemd: bool = False) -> list[str]:
     """virtme-ng's command line for one boot that runs shared_dir/GUEST_COMMAND (see guest_command_script);
-    nothing in it but init= (virtme-ng's guest tools) depends on where the checkout is."""
+    nothing in it but init= (virtme-ng's guest tools) depends on where the checkout is. `systemd`: systemd is
+    PID 1 (SYSTEMD_BOOT), and the command runs from its serial getty."""
     return [
         str(venv / "bin" / "vng"),
         "--verbose",
@@ -230,6 +249,7 @@ def vng_command(vm: VMEnv, shared_dir: Path, memory_mib: int, venv: Path = VENV)
         # emulated device; under TCG loading those modules costs ~15 s of boot. None is needed here.
         "--append",
         "modprobe.blacklist=" + ",".join(BLACKLIST),
+        *(SYSTEMD_BOOT if systemd else ()),
         "--exec",
         f"exec /bin/sh {GUEST_SHARED}/{GUEST_COMMAND}",
     ]
@@ -268,6 +288,7 @@ def run_guest(
     timeout: float = DEFAULT_TIMEOUT,
     start_timeout: float = DEFAULT_START_TIMEOUT,
     started_marker: str = "started.json",
+    systemd: bool = False,
 ) -> VMResult:
     """Boot the kernel once and run `guest_argv` in it as root, in the repository directory; the guest sees
     shared_dir at GUEST_SHARED, so paths in `guest_argv` that the guest writes to name GUEST_SHARED.
@@ -283,7 +304,7 @@ def run_guest(
         raise VMUnavailable("qemu-system-x86_64 not installed (run scripts/setup-vm)")
     (shared_dir / GUEST_BEGAN).unlink(missing_ok=True)
     (shared_dir / GUEST_COMMAND).write_text(guest_command_script(guest_argv))
-    cmd = vng_command(vm, shared_dir, memory_mib)
+    cmd = vng_command(vm, shared_dir, memory_mib, systemd=systemd)
     env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     cmdline = kernel_command_line(cmd, env)
     if len(cmdline.encode()) >= KERNEL_CMDLINE_MAX:
