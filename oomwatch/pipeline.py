@@ -210,8 +210,7 @@ class Pipeline:
             times.append(self._saved_at + SAVE_INTERVAL)
         death_due = self.deaths.next_due()
         if death_due is not None:
-            # Held for the kernel log, its own deadlines and reads wake the loop; this one only bounds the wait.
-            times.append(death_due + DEATH_HOLD_SECONDS if self._deaths_held(death_due) else death_due)
+            times.append(self._death_deadline(death_due))
         if self._awaiting_log:
             times.append(min(at for _, at in self._awaiting_log.values()))
         return min((t for t in times if t is not None), default=None)
@@ -534,6 +533,13 @@ class Pipeline:
 
     def _deaths_held(self, due: float) -> bool:
         return self._now < due + DEATH_HOLD_SECONDS and (self._kernel_busy() or self._log_behind(due))
+
+    def _death_deadline(self, due: float) -> float:
+        """When the deaths due at `due` need the loop: then (to judge them, or to ask for the read they wait for),
+        else, while held, at the end of the hold (the kernel log's own deadlines and reads wake it before)."""
+        if not self._deaths_held(due) or (self._log_behind(due) and self._woken_for_deaths != due):
+            return due
+        return due + DEATH_HOLD_SECONDS
 
     def _advance_deaths(self, fx: Effects) -> None:
         now = self._now

@@ -85,6 +85,7 @@ def test_a_container_sigkilled_by_a_process_is_userspace_not_an_oom_kill(tmp_pat
     replay.run(recorded.removed(CONTAINER), now=BOOT + 5.3)  # the runtime removes the cgroup before it settles
     recorded.close()
     assert replay.deaths == [] and len(replay.pipeline.deaths) == 1  # collected, not yet complete
+    assert replay.pipeline.next_deadline() == BOOT + 5.001 + 2.0  # complete then: the loop wakes for it
     wakes = replay.wakes
     replay.advance_to(BOOT + 8.0)
     # Complete, but the kernel log has not been read since the exits: a kill's lines may be on their way.
@@ -166,8 +167,11 @@ def test_a_kill_whose_lines_come_after_its_exits_is_still_kernel_oom(tmp_path: P
     replay.step(ProcessExeced(127, CONTAINER, 9, "python3"), kill_time - 30)
     replay.step(ProcessExited(127, SIGKILL, kill_time + 0.05), kill_time + 0.05)
     replay.step(ProcessExited(119, SIGKILL, kill_time + 0.06), kill_time + 0.06)
-    replay.advance_to(kill_time + 5.0)  # due at +2.06: held, a read asked for
-    assert replay.deaths == [] and replay.wakes >= 1
+    due = replay.pipeline.next_deadline()
+    assert due == kill_time + 0.06 + 2.0
+    replay._tick(due)  # as the loop steps it: complete, held, a read of the kernel log asked for
+    assert replay.deaths == [] and replay.wakes == 1
+    assert replay.pipeline.next_deadline() == due + 10.0  # (no spin: the read wakes it before)
     reader = LiveReader()
     items = reader.read(raw_records(K8S / "kmsg"))
     reader.close()
