@@ -120,8 +120,11 @@ def _explain(incident: Incident, single_process_oom_kill: str) -> str:
         sentence = (f"The node ran out of memory (no cgroup limit was hit); the kernel chose {_proc(victim)} of "
                     f"{who}")
         sentence += f", and {group_note}." if group_note else "."
-        return sentence + " Reserve memory for the system (kubelet system-reserved and eviction thresholds) " \
-                          "or lower what the node runs."
+        if w.is_kubernetes:
+            return sentence + " Reserve memory for the system (kubelet system-reserved and eviction " \
+                              "thresholds) or lower what the node runs."
+        return sentence + " Lower what the node runs, or give its services limits (MemoryMax) so that one " \
+                          "of them is killed before the node runs out."
     if level in ("node-allocatable", "qos"):
         sentence = (f"Pods on this node together hit the kubepods limit ({size(limit)}, node allocatable); the "
                     f"kernel chose {_proc(victim)} of {who}")
@@ -139,6 +142,8 @@ def _explain(incident: Incident, single_process_oom_kill: str) -> str:
         return sentence + ". Raise the pod's containers' limits or lower their usage."
 
     where = "the container past" if w.type == "k8s-container" else "the cgroup past"
+    if w.type == "systemd" and incident.oom_cgroup == w.cgroup:
+        where, limit_text = "the unit past", f"its MemoryMax ({size(limit)})" if limit else "its MemoryMax"
     if incident.scope == "cgroup" and incident.oom_cgroup and incident.oom_cgroup != w.cgroup:
         where = f"{incident.oom_cgroup} past"
         limit_text = f"its {size(limit)} limit" if limit else "its limit"
@@ -153,5 +158,9 @@ def _explain(incident: Incident, single_process_oom_kill: str) -> str:
         if collateral and w.is_kubernetes and single_process_oom_kill != "true":
             sentence += f" With singleProcessOOMKill=true only {victim.comm} would have died."
         return sentence
+    if w.type == "systemd" and w.unit and not w.unit.endswith(".slice"):
+        # systemd's OOMPolicy=stop (its default) stops the rest of the unit after a kernel OOM kill
+        return (f"{head} and was killed alone (memory.oom.group=0); systemd then stops the rest of the unit "
+                "unless its OOMPolicy=continue.")
     sentence = f"{head} and was killed alone (memory.oom.group=0); its other processes kept running."
     return sentence

@@ -81,7 +81,12 @@ def test_slurm_and_systemd_workloads() -> None:
     assert "also killed python" in slurm and "singleProcessOOMKill" not in slurm
     unit = "/system.slice/nginx.service"
     text = explain(incident(kind="single", scope="cgroup", oom=unit, group=None, killed=(proc(9, "nginx", unit),)))
-    assert text.startswith("nginx.service: nginx (pid 9) pushed the cgroup past its 64 MiB limit")
+    # systemd's words: the unit's MemoryMax, and what its default OOMPolicy=stop does to the rest of it
+    assert text == ("nginx.service: nginx (pid 9) pushed the unit past its MemoryMax (64 MiB) and was killed alone "
+                    "(memory.oom.group=0); systemd then stops the rest of the unit unless its OOMPolicy=continue.")
+    node = explain(incident(kind="single", scope="node", oom="/", group=None, constraint="global", limit=None,
+                            killed=(proc(9, "nginx", unit),)))
+    assert "kubelet" not in node and "MemoryMax" in node  # no kubelet on a plain systemd host
 
 
 def test_many_collateral_processes_are_summarised() -> None:
