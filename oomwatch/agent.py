@@ -303,7 +303,7 @@ def _collector(agent: Agent, latest: "_Latest") -> OomwatchCollector:
         agent.view.workloads, agent.stat_cache, agent.fs, agent.cgroups.watcher.unwatched_limits),
         lambda: agent.posture.info_with(agent.view.single_process_oom_kill),
         cgroup_parse_errors=lambda: agent.fs.parse_errors, drop=agent.config.drop_series,
-        agent_status=lambda: status_of(agent))
+        agent_status=lambda: status_of(agent), workloads=lambda: agent.view.workloads)
 
 
 def status_of(agent: Agent) -> AgentStatus:
