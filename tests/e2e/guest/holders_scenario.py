@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import holders_capture as hc  # noqa: E402 (the guest directory is on sys.path)
 from image_scenario import d  # driver.py, as loaded in the guest
@@ -36,6 +37,27 @@ def python_in_container(script: str) -> list[str]:
     return d.sh(f"{d.WAIT_FIFO}; exec {PY} -I -S -c '{script}'")
 
 
+class StatWatch(hc.StatWatch):
+    """holders_capture's watch, that also keeps the most page cache (`file`) any reading before the kill saw."""
+
+    def __init__(self, cg: str):
+        self.file_max = 0
+        super().__init__(cg)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            stat = hc.r(f"{self.cg}/memory.stat")
+            now = time.monotonic()
+            if hc.oom_kills(self.cg):
+                self.kill_seen_at = now
+                return
+            self.last, self.last_at = stat, now
+            for line in stat.splitlines():
+                if line.startswith("file "):
+                    self.file_max = max(self.file_max, int(line.split()[1]))
+            time.sleep(hc.POLL_S)
+
+
 class HeldMemory(d.Scenario):
     limit_mib = 128
 
@@ -48,7 +70,7 @@ class HeldMemory(d.Scenario):
         os.makedirs(os.path.join(self.rootfs, "usr"), exist_ok=True)
 
     def act(self) -> None:
-        watch = hc.StatWatch(f"{d.CG}{self.hog.cgroup}")
+        watch = StatWatch(f"{d.CG}{self.hog.cgroup}")
         self.oom_and_observe(self.hog)
         watch.finish(5)
         self.gt["memory_stat_before_kill"] = {
@@ -57,6 +79,7 @@ class HeldMemory(d.Scenario):
             else None,
         }
         self.gt["limit_bytes"] = self.limit_mib << 20
+        self.gt["file_bytes_max_before_kill"] = watch.file_max
 
 
 class HoldersPool(HeldMemory):
