@@ -352,6 +352,10 @@ def _sinks(config: Config, pod_index) -> list[Sink]:
 
     if journal_wanted(config.journal):  # kills in systemd units, beside the unit's own lines
         sinks.append(JournalSink())
+    if config.slurm_admin_comment:  # kills in Slurm jobs, where `scontrol show job` shows them
+        from oomwatch.sinks.slurm import SlurmAdminCommentSink
+
+        sinks.append(SlurmAdminCommentSink())
     return sinks
 
 

@@ -102,6 +102,10 @@ def main() -> None:
               show_default=True, help="Write each kill in a systemd unit to the journal, where `journalctl -u "
                                       "UNIT` and `systemctl status UNIT` show it (needs root); auto: as root, where "
                                       "/run/systemd/journal/socket exists.")
+@click.option("--slurm-admin-comment/--no-slurm-admin-comment", envvar="OOMWATCH_SLURM_ADMIN_COMMENT",
+              default=False, show_default=True,
+              help="Append each kill's explanation to its Slurm job's AdminComment, which `scontrol show job` shows "
+                   "its owner (runs `scontrol update` as root on the node; only while the job runs).")
 @click.option("--log-level", envvar="OOMWATCH_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--web-config-file", envvar="OOMWATCH_WEB_CONFIG_FILE", default=None, metavar="PATH",
@@ -109,7 +113,7 @@ def main() -> None:
                    "Prometheus' exporter-toolkit web config file (see the README, \"Who can reach the port\").")
 def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, listen, events_file,
           state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, drop_series,
-          journal, log_level, web_config_file) -> None:
+          journal, slurm_admin_comment, log_level, web_config_file) -> None:
     """Run the node agent: follow the kernel log and the cgroup tree, publish every OOM kill as an incident,
     serve Prometheus metrics. Stops cleanly on SIGTERM (state flushed, exit 0).
 
@@ -143,6 +147,7 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
                     state_dir=state_dir, kubelet_config=kubelet_config, run_root=run_root, pod_log_dir=pod_log_dir,
                     node_name=node_name, kube_api=kube_api, pod_events=pod_events, proc_connector=proc_connector,
                     grace_period=grace_period, drop_series=dropped, journal=journal,
+                    slurm_admin_comment=slurm_admin_comment,
                     web_config_file=web_config_file, boot_time=_boot_time(boot_time))
     try:
         from oomwatch.early import take_early_pump

@@ -34,3 +34,5 @@ class Config:
     # journald's socket exists, on, off. `oomwatch agent` defaults to auto; a Config built elsewhere (tests)
     # writes to this host's journal only when it asks to.
     journal: str = "off"
+    # Append each kill's explanation to the Slurm job's AdminComment (sinks.slurm; scontrol as root on the node).
+    slurm_admin_comment: bool = False
