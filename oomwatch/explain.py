@@ -151,8 +151,10 @@ def _explain(incident: Incident, single_process_oom_kill: str) -> str:
     if trigger.get("pid") not in (None, victim.pid) or (trigger.get("comm") and trigger.get("comm") != victim.comm):
         head = (f"{who}: {trigger.get('comm')} (pid {trigger.get('pid')}) pushed {where} {limit_text} and the "
                 f"kernel killed {_proc(victim)}")
+        alone = " alone"  # the victim is named already
     else:
         head = f"{who}: {_proc(victim)} pushed {where} {limit_text}"
+        alone = " and was killed alone"
     if incident.kind == "group":
         sentence = f"{head}; {group_note}."
         if collateral and w.is_kubernetes and single_process_oom_kill != "true":
@@ -160,7 +162,7 @@ def _explain(incident: Incident, single_process_oom_kill: str) -> str:
         return sentence
     if w.type == "systemd" and w.unit and not w.unit.endswith(".slice"):
         # systemd's OOMPolicy=stop (its default) stops the rest of the unit after a kernel OOM kill
-        return (f"{head} and was killed alone (memory.oom.group=0); systemd then stops the rest of the unit "
-                "unless its OOMPolicy=continue.")
-    sentence = f"{head} and was killed alone (memory.oom.group=0); its other processes kept running."
+        return (f"{head}{alone} (memory.oom.group=0); systemd then stops the rest of the unit unless its "
+                "OOMPolicy=continue.")
+    sentence = f"{head}{alone} (memory.oom.group=0); its other processes kept running."
     return sentence

@@ -89,6 +89,15 @@ def test_slurm_and_systemd_workloads() -> None:
     assert "kubelet" not in node and "MemoryMax" in node  # no kubelet on a plain systemd host
 
 
+def test_a_single_kill_of_another_process_than_the_one_that_pushed() -> None:
+    """Real text from the Slurm tier: worker1 allocated, the kernel chose worker0."""
+    step = "/system.slice/slurmstepd.scope/job_4/step_0"
+    text = explain(incident(kind="single", scope="cgroup", oom=step, group=None, killed=(proc(493, "worker0", step),),
+                            trigger={"pid": 494, "comm": "worker1", "order": 0}))
+    assert "and the kernel killed worker0 (pid 493) alone (memory.oom.group=0); its other processes kept running." \
+        in text, text
+
+
 def test_many_collateral_processes_are_summarised() -> None:
     killed = (proc(1, "torchrun"),) + tuple(proc(10 + i, f"worker{i}") for i in range(6))
     assert "also killed worker0, worker1, worker2 and 3 more" in explain(incident(killed=killed))
