@@ -180,7 +180,11 @@ def test_kernel_and_systemd_did_what_the_policy_says(host: dict, unit: str) -> N
     if kind == "single":
         assert [p.comm for p in k.killed.values()] == ["dd"] and survivors
     else:
-        assert not survivors, "a group kill leaves no process of the scope"
+        # Each process of the scope is killed by the group kill, or the kernel found it already exiting (`OOM
+        # victim … is already exiting`: under load, in the CI run of 2026-11-26, the scope's sleep was dying when
+        # the kernel came to it).
+        exiting = {pid for pid, _ in k.exiting}
+        assert not survivors - exiting, "a group kill leaves no process of the scope"
     # whatever the kernel spared, systemd stopped (OOMPolicy=stop and =kill both fail and stop the unit)
     assert not any(sc["after"]["procs_alive"].values())
 
