@@ -31,7 +31,7 @@ OOM_SCENARIOS = [
     "e_global_oom",
     "h_deleted_container",
     "i_prometheus_dashboard",
-    *(HOLDERS := ["l_holders_pool", "m_holders_shm", "n_holders_writer"]),
+    *(HOLDERS := ["l_holders_pool", "m_holders_shm"]),  # n_holders_writer: its own run (holders_scenario.py)
 ]
 # h: the agent is paused (SIGSTOP) through the kill and the container's deletion, so its latency and the
 # cgroup's final memory.events (gone before the agent could read them) are not the agent's to know

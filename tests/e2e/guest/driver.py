@@ -1897,6 +1897,9 @@ def main() -> int:
             else f"oomwatch agent NOT healthy: {run['agent_start'].get('error')}"
         )
     classes = [Demo] if args.demo else SCENARIOS
+    # scenarios that run only when named (tests/e2e/guest/holders_scenario.py's writer)
+    classes = classes + [c for c in __import__("holders_scenario").ALONE
+                         if c.name in wanted or c.name.split("_")[0] in wanted]
     if "j_storm" in wanted:  # its own boot (tests/e2e/test_storm.py): it loses records on purpose
         import storm  # noqa: E402 (this directory is on sys.path)
 
