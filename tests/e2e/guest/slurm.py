@@ -205,7 +205,7 @@ def wait_node_idle(host: str, timeout: float) -> str:
 class CgroupTracker(threading.Thread):
     """Reads every job cgroup slurmstepd made, every 100 ms, until it is gone: the last reading of each is its
     final memory.events (slurmstepd removes the cgroups as the step ends). Its memory.oom.group is read once,
-    when it is first seen."""
+    when it is first seen; its memory.max is the last value read while the file was there."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True, name="cgroup-tracker")
@@ -235,6 +235,10 @@ class CgroupTracker(threading.Thread):
                     "memory.oom.group": (driver.rfile(f"{CG}{rel}/memory.oom.group") or "").strip() or None,
                 }
             entry["last"] = reading
+            # the last reading may race slurmstepd's rmdir (memory.events read, memory.max already gone): keep
+            # the limit from the last reading that still had it
+            if reading["memory.max"] is not None:
+                entry["memory.max"] = reading["memory.max"]
         return reading
 
     def of_job(self, job: str) -> dict:
