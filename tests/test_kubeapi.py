@@ -129,17 +129,20 @@ def test_pod_index_lists_and_watches_only_its_node():
 
             pytorch = index.info(PYTORCH_UID)
             assert (pytorch.namespace, pytorch.name) == ("ml-team", "trainer-worker-0")
-            assert pytorch.owner == {"kind": "PyTorchJob", "name": "trainer"}
+            assert pytorch.owner == {"kind": "PyTorchJob", "name": "trainer", "apiVersion": "kubeflow.org/v1",
+                                    "uid": "0b7c2a51-93f4-4c1e-8d5a-6e2f1b0c9d8e"}
             assert pytorch.job == {"kind": "PyTorchJob", "name": "trainer"}
 
             jobset = index.info(JOBSET_UID)  # deleted by the watch, still known for a while
             assert jobset is not None
-            assert jobset.owner == {"kind": "Job", "name": "pretrain-workers-0"}
+            assert jobset.owner == {"kind": "Job", "name": "pretrain-workers-0", "apiVersion": "batch/v1",
+                                   "uid": "c1d2e3f4-a5b6-4789-8abc-def012345678"}
             assert jobset.job == {"kind": "JobSet", "name": "pretrain"}
             assert jobset.queue == "team-a"
 
             redis = index.info(REDIS_UID)
-            assert redis.owner == {"kind": "ReplicaSet", "name": "redis-7d9f8b6c5"}
+            assert redis.owner == {"kind": "ReplicaSet", "name": "redis-7d9f8b6c5", "apiVersion": "apps/v1",
+                                   "uid": "5a6b7c8d-9e0f-4a1b-8c2d-3e4f5a6b7c8d"}
             assert redis.job is None
             assert redis.labels["tier"] == "cache"  # MODIFIED applied
 
@@ -147,7 +150,8 @@ def test_pod_index_lists_and_watches_only_its_node():
             assert bare.owner is None and bare.job is None
 
             kueue_job = index.info(KUEUE_UID)  # ADDED by the watch
-            assert kueue_job.owner == {"kind": "Job", "name": "nightly-eval-28910400"}
+            assert kueue_job.owner == {"kind": "Job", "name": "nightly-eval-28910400", "apiVersion": "batch/v1",
+                                      "uid": "aa0b1c2d-3e4f-4a5b-9c6d-7e8f9a0b1c2d"}
             assert kueue_job.job == {"kind": "Job", "name": "nightly-eval-28910400"}
             assert kueue_job.queue == "team-a-eval"
 
@@ -251,7 +255,7 @@ def _owner(kind: str, name: str, controller: Optional[bool] = True) -> dict[str,
 def test_controlling_owner_ignores_non_controllers():
     metadata = {"ownerReferences": [_owner("ConfigMap", "cm", controller=None), _owner("Node", "n", False),
                                     _owner("StatefulSet", "db")]}
-    assert controlling_owner(metadata) == {"kind": "StatefulSet", "name": "db"}
+    assert controlling_owner(metadata) == {"kind": "StatefulSet", "name": "db", "apiVersion": "v1", "uid": "u"}
     assert controlling_owner({"ownerReferences": [_owner("ConfigMap", "cm", controller=None)]}) is None
     assert controlling_owner({}) is None
     assert controlling_owner({"ownerReferences": "garbage"}) is None

@@ -259,7 +259,8 @@ def test_resolver_adds_owner_and_job_from_the_pod_index(node):
         "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "trainer",
                              "uid": "0b7c2a51-93f4-4c1e-8d5a-6e2f1b0c9d8e", "controller": True}]}})
     workload = WorkloadResolver(None, index).resolve(CTRD_CGROUP)
-    assert workload.owner == {"kind": "PyTorchJob", "name": "trainer"}
+    assert workload.owner == {"kind": "PyTorchJob", "name": "trainer", "apiVersion": "kubeflow.org/v1",
+                              "uid": "0b7c2a51-93f4-4c1e-8d5a-6e2f1b0c9d8e"}
     assert workload.job == {"kind": "PyTorchJob", "name": "trainer"}
     assert (workload.namespace, workload.pod) == ("ml-team", "trainer-worker-0")
     assert workload.to_json()["job"] == {"kind": "PyTorchJob", "name": "trainer"}

@@ -69,7 +69,8 @@ SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 @dataclass(frozen=True)
 class PodInfo:
-    """What the API server says about one pod (docs/contract.md `owner` and `job` dicts: {"kind", "name"})."""
+    """What the API server says about one pod (docs/contract.md `owner`: {"kind", "name", "apiVersion", "uid"};
+    `job`: {"kind", "name"})."""
 
     uid: str
     namespace: str
@@ -90,13 +91,19 @@ def _str_map(value: Any) -> dict[str, str]:
 
 
 def controlling_owner(metadata: Mapping[str, Any]) -> Optional[dict[str, str]]:
-    """The ownerReference with `controller: true` → {"kind", "name"}; None for a bare pod."""
+    """The ownerReference with `controller: true` → {"kind", "name", "apiVersion", "uid"} (the last two where
+    the reference has them: the pod-event sink names the owner in an Event's involvedObject); None for a bare
+    pod."""
     refs = metadata.get("ownerReferences")
     if not isinstance(refs, list):
         return None
     for ref in refs:
         if isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") and ref.get("name"):
-            return {"kind": str(ref["kind"]), "name": str(ref["name"])}
+            owner = {"kind": str(ref["kind"]), "name": str(ref["name"])}
+            for key in ("apiVersion", "uid"):
+                if isinstance(ref.get(key), str) and ref[key]:
+                    owner[key] = ref[key]
+            return owner
     return None
 
 
