@@ -55,7 +55,7 @@ def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) ->
             ]], drained_at=1.0))
             replay.settle()
             (incident,) = replay.published
-            assert wait_for(lambda: len(events_api.events) == 1)
+            assert wait_for(lambda: len(events_api.events) == 2)  # the pod's Event and its PyTorchJob's
         finally:
             sink.close()
             pod_index.stop()
@@ -63,8 +63,14 @@ def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) ->
     assert workload["pod_uid"] == PYTORCH_UID and workload["container_id"] == CONTAINER_ID
     assert workload["job"]["kind"] == "PyTorchJob" and workload["owner"]
     assert workload["namespace"] and workload["pod"]
-    (event,) = events_api.events.values()
+    event, job_event = sorted(events_api.events.values(), key=lambda e: e["involvedObject"]["kind"] != "Pod")
     assert event["reason"] == "OOMGroupKill" and event["type"] == "Warning"
     assert event["message"] == incident.explanation
     assert event["involvedObject"]["uid"] == PYTORCH_UID and event["involvedObject"]["name"] == workload["pod"]
+    # The job's Event names the PyTorchJob as the pod's ownerReference does (apiVersion and uid included).
+    assert job_event["involvedObject"] == {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                           "namespace": workload["namespace"], "name": workload["job"]["name"],
+                                           "uid": workload["owner"]["uid"]}
+    assert job_event["reason"] == "OOMGroupKill"
+    assert job_event["message"] == f"pod {workload['pod']}: {incident.explanation}"  # container name not known here
     assert [p.pid for p in incident.killed] == [300, 301]

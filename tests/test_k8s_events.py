@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable, Optional
 
 import pytest
 from lightkube import Client, KubeConfig
@@ -28,7 +28,8 @@ CGROUP = ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod24f2bb
 
 class FakeEventsApi:
     """POST /api/v1/namespaces/<ns>/events: stores Events by name; a name seen before gets 409, like the
-    real API server. `hold` makes POSTs wait (a slow API server)."""
+    real API server. `hold` makes POSTs wait (a slow API server); `refuse(body)` returning a status code (403,
+    404, 422) answers that Event with it, as the API server's Status."""
 
     def __init__(self) -> None:
         self.posts: list[dict[str, Any]] = []
@@ -36,6 +37,7 @@ class FakeEventsApi:
         self.events: dict[tuple[str, str], dict[str, Any]] = {}
         self.hold = threading.Event()
         self.hold.set()
+        self.refuse: Callable[[dict[str, Any]], Optional[int]] = lambda body: None
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,6 +52,12 @@ class FakeEventsApi:
                 if parts[:3] != ["api", "v1", "namespaces"] or parts[4:] != ["events"]:
                     return self._reply(404, {"kind": "Status", "code": 404})
                 key = (parts[3], body["metadata"]["name"])
+                refused = api.refuse(body)
+                if refused is not None:
+                    reason = {403: "Forbidden", 404: "NotFound", 422: "Invalid"}.get(refused, "Failure")
+                    return self._reply(refused, {
+                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                        "message": f'events "{key[1]}" is {reason.lower()}', "reason": reason, "code": refused})
                 if key in api.events:
                     return self._reply(409, {
                         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
