@@ -126,6 +126,7 @@ class _Kill:
     seq: Optional[int]
     time: float
     cgroup: Optional[str]  # as known when the line arrived (the process may be gone a moment later)
+    batch: int = 0  # the kernel-log batch its line came in (Correlator.batch): what memory.stat may precede it
 
 
 @dataclass
@@ -195,6 +196,7 @@ class Correlator:
         detected_clock: Callable[[], float] = lambda: 0.0,
         live: bool = True,
         page_size: Optional[int] = None,
+        memory_reading: Callable[[str, int], Optional[Any]] = lambda cgroup, batch: None,
     ) -> None:
         self.boot_id = boot_id
         self.boot_time = boot_time
@@ -205,6 +207,10 @@ class Correlator:
         self._detected_clock = detected_clock
         self._live = live  # records from the live kernel log (a saved log's incidents carry no latency)
         self._page_size = page_size  # of the task table's pages: this host's; None: told from the report
+        # memory.stat of a cgroup known to precede the kills of a batch (oomwatch.memreadings: .taken, .stat),
+        # for reports whose stats block was ratelimited or lost; `batch` is set by the caller per log read.
+        self._memory_reading = memory_reading
+        self.batch = 0
         self._open: Optional[_Builder] = None
         self._held: Optional[Incident] = None
         self._held_first_seq: Optional[int] = None
@@ -432,7 +438,7 @@ class Correlator:
             self._held = self._held_first_seq = None
         if not b.kills and b.summary is not None and b.summary.pid in (line.pid, None):
             cgroup = b.summary.task_cgroup or cgroup  # the kernel's own word for the victim's cgroup
-        b.add(_Kill(line=line, seq=record.seq, time=when, cgroup=cgroup))
+        b.add(_Kill(line=line, seq=record.seq, time=when, cgroup=cgroup, batch=self.batch))
         b.last_was_new_kill = True
 
     def _infer_group(self, b: _Builder, *, reprinted: bool) -> None:
@@ -576,11 +582,19 @@ class Correlator:
         )
         report = b.memory_report if b.memory_report is not None else (
             first_report(b.memory_texts) if b.memory_texts else None)
-        if report is not None:
+        reading = None
+        if (report is None or report.stats is None or report.cgroup not in (None, oom_cgroup)) and oom_cgroup \
+                and oom_cgroup != "/" and constraint != "global":
+            # The stats block was ratelimited or lost: memory.stat of the OOM cgroup read before the kill, if any
+            found = self._memory_reading(oom_cgroup, first.batch)
+            if found is not None:
+                reading = (found.stat, round(max(0.0, first.time - found.taken), 3))  # (clocks drift: >= 0)
+        if report is not None or reading is not None:
             held = held_memory(report, limit_bytes=memory["limit_bytes"] if memory else None,
                                killed_pids=[p.pid for p in killed], page_size=self._page_size,
                                victim_rss_bytes=_rss_bytes(victim),
-                               oom_cgroup=b.summary.oom_cgroup if b.summary is not None else None)
+                               oom_cgroup=b.summary.oom_cgroup if b.summary is not None else None,
+                               memory_stat=reading)
             for name in ("memory_breakdown", "verdict", "verdict_sentence"):
                 _set(incident, name, held[name])
             _set(incident, "top_holders", tuple(held["top_holders"]))

@@ -63,6 +63,18 @@ class CgroupRemoved(NamedTuple):
     path: str
 
 
+class MemoryStatRead(NamedTuple):
+    """A cgroup's memory.stat, read when its memory.events.local said it was at its limit (`max` or `oom` moved):
+    what the kernel's report would print in its stats block, for the kills whose block the ratelimit hid.
+    `taken`: epoch seconds (time.time(), KernelLog.drained_at's clock) taken just AFTER the read ended (the file
+    was read no later than that); the pipeline orders it against kills only through the kernel log's reads
+    (docs/loop.md), never by kernel timestamps."""
+
+    path: str
+    taken: float
+    stat: Any  # oomwatch.parse.memstat.MemoryStat
+
+
 class ProcessForked(NamedTuple):
     parent: int
     parent_task: int

@@ -30,6 +30,10 @@ POOL_MIN_PROCESSES = 2
 # parts, and whichever of them is printed is summed.
 _SUMMED = ("anon_bytes", "file_bytes", "shmem_bytes", "kernel_bytes", "sock_bytes")  # disjoint parts
 _V2_KERNEL_PARTS = ("kernel_stack", "pagetables", "sec_pagetables", "percpu", "slab", "vmalloc")
+# The memory.stat keys breakdown() reads (v2 and v1): what a kept reading needs of the file's ~76 keys.
+STAT_KEYS_USED = frozenset(
+    ("anon", "file", "shmem", "kernel", "file_dirty", "file_writeback", "sock", "unevictable", "slab_reclaimable",
+     "slab_unreclaimable", *_V2_KERNEL_PARTS, "rss", "cache", "dirty", "writeback"))
 
 
 def _v2(values: Mapping[str, int]) -> dict[str, Optional[int]]:
@@ -265,13 +269,15 @@ def page_size_of(rows: Sequence[TaskRow], victim_pid: Optional[int], victim_rss_
 
 def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int], killed_pids: Sequence[int],
                 page_size: Optional[int], victim_rss_bytes: Optional[int] = None,
-                oom_cgroup: Optional[str] = None, tmpfs_volumes: Sequence[str] = ()) -> dict:
+                oom_cgroup: Optional[str] = None, tmpfs_volumes: Sequence[str] = (),
+                memory_stat: Optional[tuple[MemoryStat, float]] = None) -> dict:
     """What held the memory, from one report's memory part (oomwatch.parse.memstat): {"memory_breakdown":
     {source, age_seconds, BREAKDOWN_KEYS…} | None, "top_holders": […], "pools": […], "verdict": VERDICTS,
     "verdict_sentence": str}. `page_size`: the task table's pages (the agent's own; None for a pasted log: told
     from the victim's row, else the rows are left out). `killed_pids`: the victim first. `oom_cgroup`: the
     cgroup the report's summary names; stats of another cgroup (lines of two reports mixed) are not this kill's,
-    and are left out."""
+    and are left out. `memory_stat`: (a memory.stat reading of the OOM cgroup known to be from before the kill,
+    seconds before it), used when the report printed no stats block (source "memory.stat")."""
     if report is not None and report.stats is not None and oom_cgroup and report.cgroup not in (None, oom_cgroup):
         report = report._replace(stats=None)
     parts: Optional[dict] = None
@@ -287,7 +293,12 @@ def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int]
         if size is not None and rows:
             holders = top_holders(rows, size, killed_pids, limit_bytes)
             pools_ = pools(rows, size, killed_pids, limit_bytes)[:POOLS_KEPT]
+    if parts is None and memory_stat is not None and (report is None or report.meminfo is None):
+        stat, age = memory_stat
+        parts = {"source": "memory.stat", "age_seconds": age, **(breakdown(stat) or {})}
     sizes = {k: parts.get(k) for k in BREAKDOWN_KEYS} if parts else None
     name, sentence = verdict(sizes, holders, pools_, limit_bytes, tmpfs_volumes)
+    if parts is not None and parts["source"] == "memory.stat" and name != "unknown":
+        sentence = f"memory.stat read {parts['age_seconds']:.3g} s before the kill: {sentence}"
     return {"memory_breakdown": parts, "top_holders": holders, "pools": pools_, "verdict": name,
             "verdict_sentence": sentence}

@@ -27,6 +27,7 @@ from oomwatch.events import (
     KernelLog,
     KernelLogEnded,
     LogTailRead,
+    MemoryStatRead,
     OomdMarksRead,
     PostureRead,
     ProcessExeced,
@@ -54,6 +55,7 @@ from oomwatch.deaths import (
     runtime_kill_from_argv,
 )
 from oomwatch.explain import explain
+from oomwatch.memreadings import MemoryReadings
 
 from oomwatch.nodestate import NodeState, is_workload
 from oomwatch.reconcile import Reconciler, counted_incident
@@ -146,11 +148,14 @@ class Pipeline:
         self.single_process_oom_kill = single_process_oom_kill
         self.node = NodeState(resolver)
         live = settings.kmsg_source is not None
+        # memory.stat readings for kills whose report lost its stats block (kept only with a live kernel log:
+        # only its reads can order them before a kill)
+        self.readings = MemoryReadings()
         self.correlator = Correlator(boot_id=settings.boot_id, boot_time=settings.boot_time,
                                      resolve_workload=resolver.resolve, scope_of=resolver.layout.scope_of,
                                      explain=self._explain,
                                      view=self.node, detected_clock=lambda: self._now, live=live,
-                                     page_size=settings.page_size)
+                                     page_size=settings.page_size, memory_reading=self.readings.before)
         self.witness = WitnessQueue(explain=self._explain, wait=settings.witness_wait if live else 0.0)
         self.reconciler = Reconciler(self._counted_incident)
         self.reconciler.load_state(accounts or {})
@@ -183,6 +188,7 @@ class Pipeline:
             ProcessExited: self._exited, PostureRead: self._posture, StateSaved: self._state_saved,
             KernelLogEnded: self._kernel_log_ended, Stop: self._stop, Tick: lambda event, fx: None,
             LogTailRead: self._log_tail_read, OomdMarksRead: self._oomd_marks_read,
+            MemoryStatRead: self._memory_stat_read,
         }
 
     # --- the step ----------------------------------------------------------------------------------
@@ -232,6 +238,7 @@ class Pipeline:
     # --- kernel log --------------------------------------------------------------------------------
 
     def _kernel_log(self, event: KernelLog, fx: Effects) -> None:
+        self.correlator.batch = self.readings.batch_started()  # readings the last read covers precede its kills
         items = self._after_cursor(event.items)
         for item in items:
             try:
@@ -244,6 +251,7 @@ class Pipeline:
             self._last_record = self._now
             fx.changed = True  # (the records counted)
         self._caught_up = event.drained_at is not None
+        self.readings.batch_ended(event.drained_at if self.settings.kmsg_source is not None else None)
         if event.drained_at is not None:
             self._read_started = event.drained_at
             self._reads += 1
@@ -305,6 +313,7 @@ class Pipeline:
 
     def _cgroup_added(self, event: CgroupAdded, fx: Effects) -> None:
         path, node = event.path, self.node
+        self.readings.added(path)
         node.remember_pids(path, event.pids)
         node.set_oom_group(path, event.oom_group)
         node.first_reading(path, event.local)
@@ -315,6 +324,10 @@ class Pipeline:
         self._classify(path, event.oom_group, event.limited, fx, names_arrived=event.names is not None)
         if self.settings.counting and event.ino is not None and event.local is not None:
             self.reconciler.observe(path, event.ino, event.local, self._now, node.is_grouped(path))
+
+    def _memory_stat_read(self, event: MemoryStatRead, fx: Effects) -> None:
+        if self.settings.kmsg_source is not None:
+            self.readings.add(event.path, event.taken, event.stat)
 
     def _cgroup_changed(self, event: CgroupChanged, fx: Effects) -> None:
         path, node = event.path, self.node
@@ -346,6 +359,7 @@ class Pipeline:
             self.store.gone(labels)
             fx.changed = True
         self.reconciler.removed(event.path)
+        self.readings.removed(event.path)  # (kept a while: the kill's lines can come after the removal)
 
     def _classify(self, path: str, oom_group: Optional[int], limited: bool, fx: Effects,
                   names_arrived: bool = False) -> None:

@@ -15,17 +15,22 @@ from oomwatch.events import (
     CgroupAdded,
     CgroupChanged,
     CgroupRemoved,
+    MemoryStatRead,
     ProcessExeced,
     ProcessExited,
     ProcessForked,
 )
 from oomwatch.deaths import parse_oomd_xattr
 from oomwatch.parse.cgroup import parse_limit
+from oomwatch.parse.memstat import parse_memory_stat_block
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc, cat
 from oomwatch.workloads import WorkloadResolver
 
 # A cgroup's pid list is re-read at most this often while it sits at its limit.
 PID_SNAPSHOT_INTERVAL = 0.2
+# memory.stat is read at most this often per cgroup while it sits at its limit (`max` moving), and at every
+# `oom`/`oom_kill` move (one per OOM invocation): a container living at its limit must not cause a read storm.
+STAT_READ_INTERVAL = 0.1
 _COUNTERS = ("max", "oom", "oom_kill", "oom_group_kill")
 
 Emit = Callable[[Any], None]
@@ -36,17 +41,21 @@ class CgroupSource:
 
     `resolver` reads container names from the runtime's bundles as containers appear; `stat_cache` (scrape-time
     reads) is told what changed; `on_kill()` is called when a cgroup's oom_kill moves (the cue a syslog(2)
-    reader needs). `clock` is monotonic seconds, for the snapshot rate limit."""
+    reader needs). `clock` is monotonic seconds, for the rate limits; `wall_clock` stamps memory.stat readings
+    with the kernel-log reader's clock (KernelLog.drained_at is time.time())."""
 
     def __init__(self, fs: CgroupFS, resolver: WorkloadResolver, emit: Emit, *, stat_cache: Any = None,
                  on_kill: Callable[[], None] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
         self.fs, self.resolver, self._emit = fs, resolver, emit
         self.stat_cache = stat_cache
         self.on_kill = on_kill
         self._clock = clock
+        self._wall_clock = wall_clock
         self._last_local: dict[str, tuple[int, ...]] = {}
         self._snapshot_at: dict[str, float] = {}
+        self._stat_at: dict[str, float] = {}  # when memory.stat was last read (clock), per cgroup
         self.own_cgroup: Optional[str] = None  # where this process sits in the watched tree (seen in a pid list)
         self.watcher = CgroupWatcher(fs, on_added=self._added, on_removed=self._removed, on_events=self._events,
                                      on_populated=self._populated)
@@ -105,6 +114,7 @@ class CgroupSource:
             self.stat_cache.forget(path)
         self._last_local.pop(path, None)
         self._snapshot_at.pop(path, None)
+        self._stat_at.pop(path, None)
         self._emit(CgroupRemoved(path))
 
     def _events(self, path: str) -> None:
@@ -124,12 +134,27 @@ class CgroupSource:
             # At its limit: who is in it now is who a kill will take (the victim may be gone a moment later).
             self._snapshot_at[path] = now
             pids = self._subtree_pids(path)
+        if oom_near and (moved["oom"] or moved["oom_kill"]
+                         or now - self._stat_at.get(path, -STAT_READ_INTERVAL) >= STAT_READ_INTERVAL):
+            self._stat_at[path] = now
+            self._memory_stat(path)
         if pids is None and not (moved["oom"] or moved["oom_kill"] or moved["oom_group_kill"]):
             return  # only OOM moves matter to the pipeline
         oom_group, limited = self._limits_of(path)
         self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids))
         if moved["oom_kill"]:
             self.on_kill()
+
+    def _memory_stat(self, path: str) -> None:
+        """At its limit: what memory.stat says now, for a kill whose report loses its stats block (docs/loop.md).
+        Stamped when the read has ENDED: the file was read no later than its stamp, which is what the pipeline
+        needs to prove a reading came before a kill (a stamp taken before the read would let a read that
+        straddles the log's drain time pass as earlier than it was)."""
+        text = cat(f"{self.fs.abspath(path)}/memory.stat")
+        taken = self._wall_clock()
+        stat = parse_memory_stat_block(text) if text else None  # (gone: no reading)
+        if stat is not None:
+            self._emit(MemoryStatRead(path, taken, stat))
 
     def _limits(self, path: str) -> None:
         if self.stat_cache is not None:
