@@ -129,3 +129,27 @@ def test_a_kill_line_forged_through_dev_kmsg_is_rejected(storm) -> None:
     assert forged["published"] == []
     log_text = (storm["dir"] / "agent" / "agent.log").read_text(errors="replace")
     assert "rejected an OOM line from syslog facility 1" in log_text and "Killed process 99999" in log_text
+
+
+def test_a_report_without_its_stats_block_shows_a_reading_from_before_the_kill_or_nothing(storm) -> None:
+    """Issue 21: the ratelimit hides most reports' stats blocks in a storm. Those incidents carry a breakdown from
+    the cgroup's memory.stat read before the kill (source and age said), or null; never a reading of after the
+    kill. A reading is of a live cgroup at most at its limit: its parts add up to no more than the limit (1%)."""
+    containers = set(storm["storm"]["containers"])
+    limit = 24 << 20  # tests/e2e/guest/storm.py's memory.max
+    mine = [e for e in storm["events"] if e.get("group_cgroup") in containers]
+    kmsg = [e for e in mine if (e.get("memory_breakdown") or {}).get("source") == "kmsg"]
+    without = [e for e in mine if e not in kmsg]
+    from_stat = [e for e in without if e.get("memory_breakdown") is not None]
+    bad = [e["memory_breakdown"] for e in from_stat if e["memory_breakdown"].get("source") != "memory.stat"
+           or e["memory_breakdown"].get("age_seconds") is None or e["memory_breakdown"]["age_seconds"] < 0]
+    assert not bad, f"breakdowns of stats-less reports not from memory.stat with an age: {bad[:3]}"
+    parts = ("anon_bytes", "file_bytes", "shmem_bytes", "kernel_bytes", "sock_bytes")
+    totals = [sum(e["memory_breakdown"].get(k) or 0 for k in parts) for e in from_stat]
+    over = [t for t in totals if t > limit * 1.01]
+    ages = sorted(e["memory_breakdown"]["age_seconds"] for e in from_stat)
+    print(f"storm: {len(kmsg)} incidents with the kernel's stats, {len(without)} without: {len(from_stat)} with "
+          f"memory.stat, {len(without) - len(from_stat)} null"
+          + (f"; ages {ages[0]:.2f}-{ages[-1]:.2f} s (median {statistics.median(ages):.2f}), totals "
+             f"{min(totals) / limit:.0%}-{max(totals) / limit:.0%} of the limit" if ages else ""))
+    assert not over, f"{len(over)} breakdowns over the limit: {[t / limit for t in over][:5]}"
