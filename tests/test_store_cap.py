@@ -70,3 +70,39 @@ def test_the_state_is_written_in_pieces_exactly_as_json_dumps_writes_it() -> Non
         out = io.StringIO()
         write_json(out, state)
         assert out.getvalue() == json.dumps(state, separators=(",", ":")), n
+
+
+def test_the_stored_incidents_are_encoded_once_and_written_as_json_dumps_writes_them(tmp_path) -> None:
+    """A StateFile keeps each stored incident's text between saves (they never change once stored): every save
+    is still exactly json.dumps of the whole state, as the store's incidents roll over its cap, and only the
+    incidents new since the last save are encoded."""
+    import json
+
+    from oomwatch import statefile
+    from oomwatch.statefile import StateFile
+
+    store = Store(max_incidents=5)
+    state_file = StateFile(str(tmp_path))
+    state_file.lock()
+    state_file.loaded = True
+    encoded: list = []
+    real_dumps = json.dumps
+
+    def counting_dumps(v, **kw):
+        if isinstance(v, dict) and "kernel_seq" in v:
+            encoded.append(v["kernel_seq"])
+        return real_dumps(v, **kw)
+
+    try:
+        statefile.json.dumps = counting_dumps  # the module's json: write_json's own calls
+        for n in range(1, 9):
+            store.publish(kill_in(f"/c{n % 3}", n))
+            encoded.clear()
+            state_file.save(store, {})
+            written = (tmp_path / "state.json").read_text()
+            assert written == real_dumps(store.to_state(), separators=(",", ":")), n
+            assert len(json.loads(written)["incidents"]) == min(n, 5)
+            assert encoded == [n], (n, encoded)  # the new one only
+    finally:
+        statefile.json.dumps = real_dumps
+        state_file.unlock()
