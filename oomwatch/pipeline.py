@@ -48,6 +48,7 @@ from oomwatch.deaths import (
     ExitGroup,
     KernelKill,
     OomdMark,
+    PodStatus,
     RuntimeKill,
     classify,
     kernel_kill_of,
@@ -71,6 +72,10 @@ SAVE_INTERVAL = 1.0
 # death waits this long for the container log it asked for; kills kept as evidence for deaths.
 DEATH_HOLD_SECONDS = 10.0
 LOG_WAIT_SECONDS = 5.0
+# A SIGKILLed Kubernetes container whose sender is not known yet waits this long for its pod's status: the kubelet's
+# eviction says "Evicted" only once the pod's containers are stopped (pkg/kubelet/status mergePodStatus holds a
+# terminal status back while containers may run), and the pod index hears it through its watch after that.
+POD_STATUS_WAIT_SECONDS = 10.0
 RECENT_KILLS = 512
 MAX_DEATH_CONTEXTS = 8192
 # memory.events `oom_kill` moving in a workload this near its death (either side) makes a SIGKILL a kernel kill
@@ -179,6 +184,7 @@ class Pipeline:
         self._recent_kills: deque[KernelKill] = deque(maxlen=RECENT_KILLS)
         self._death_context: OrderedDict[str, _DeathContext] = OrderedDict()
         self._awaiting_log: dict[str, tuple[ExitGroup, float]] = {}
+        self._awaiting_status: dict[str, tuple[ExitGroup, Any, float]] = {}  # key → (group, log finding, until)
         self._oomd_found: dict[str, int] = {}  # user.oomd_ooms of cgroups marked already when found
         self._runtime_kills: deque[RuntimeKill] = deque(maxlen=RECENT_KILLS)  # `runc kill …` heard lately
         self._woken_for_deaths: Optional[float] = None  # the due time a read of the kernel log was asked for
@@ -219,6 +225,8 @@ class Pipeline:
             times.append(self._death_deadline(death_due))
         if self._awaiting_log:
             times.append(min(at for _, at in self._awaiting_log.values()))
+        if self._awaiting_status:
+            times.append(min(at for _, _, at in self._awaiting_status.values()))
         return min((t for t in times if t is not None), default=None)
 
     def view(self) -> View:
@@ -455,6 +463,9 @@ class Pipeline:
         for group, _ in list(self._awaiting_log.values()):
             self._judge(group, fx, log_read=True)
         self._awaiting_log.clear()
+        for group, log, _ in list(self._awaiting_status.values()):
+            self._judge(group, fx, log_read=True, log=log, status_waited=True)
+        self._awaiting_status.clear()
         for group in self.deaths.due(self._now, everything=True):
             self._judge(group, fx, log_read=True)
         if self.settings.persist:
@@ -559,6 +570,9 @@ class Pipeline:
         now = self._now
         for key in [k for k, (_, at) in self._awaiting_log.items() if at <= now]:
             self._judge(self._awaiting_log.pop(key)[0], fx, log_read=True)  # no log came in time
+        for key in [k for k, (_, _, at) in self._awaiting_status.items() if at <= now]:
+            group, log, _ = self._awaiting_status.pop(key)
+            self._judge(group, fx, log_read=True, log=log, status_waited=True)
         due = self.deaths.next_due()
         if due is None or due > now:
             return
@@ -570,9 +584,11 @@ class Pipeline:
         for group in self.deaths.due(now):
             self._judge(group, fx)
 
-    def _judge(self, group: ExitGroup, fx: Effects, log_read: bool = False, log: Any = None) -> None:
+    def _judge(self, group: ExitGroup, fx: Effects, log_read: bool = False, log: Any = None,
+               status_waited: bool = False) -> None:
         """A complete death: its verdict from what the pipeline knows, counted once and handed to the sinks;
-        or first its container's log, when only that can tell (an exit code after a GPU ran out of memory)."""
+        or first its container's log, when only that can tell (an exit code after a GPU ran out of memory);
+        or, for a container killed by a sender not known yet, first its pod's status (an eviction)."""
         context = self._death_context.get(group.key) or _DeathContext(None)
         workload = context.identity or self._identities.get(group.key)
         if workload is None and not group.key.startswith("pid:"):
@@ -584,7 +600,6 @@ class Pipeline:
             fx.read_logs.append(LogRequest(group.key, workload.namespace, workload.pod, workload.pod_uid,
                                            workload.container))
             return
-        self._death_context.pop(group.key, None)
         start, end = group.first - KILL_BEFORE_SECONDS, group.last + KILL_AFTER_SECONDS
         live = self.node.oom_kills_local(group.key) is not None
         near = self.node.oom_kill_near(group.key, group.first - OOM_KILL_NEAR_SECONDS,
@@ -598,10 +613,16 @@ class Pipeline:
             kernel_kills=tuple(k for k in self._recent_kills if start <= k.time <= end),
             oom_kills_in_window=1 if near else 0,
             oom_kills_in_run=in_run if workload is not None and workload.type == "k8s-container" else None,
-            oomd=oomd, log=log,
+            oomd=oomd, log=log, pod_status=self._pod_status(workload),
             runtime_kills=tuple(k for k in self._runtime_kills
                                 if group.first - STOP_BEFORE_SECONDS - 1.0 <= k.time <= group.last + 1.0))
         death = classify(group, evidence, self._now)
+        if (death is not None and death.cause == "userspace" and death.sender != "kubelet-eviction"
+                and not status_waited and self.settings.kmsg_source is not None
+                and self.resolver.pod_index is not None and evidence.pod_status is not None):
+            self._awaiting_status[group.key] = (group, log, self._now + POD_STATUS_WAIT_SECONDS)
+            return
+        self._death_context.pop(group.key, None)
         if death is None:
             return
         labels = self.node.workloads.get(group.key) or (workload.metric_labels() if workload is not None else None)
@@ -609,6 +630,16 @@ class Pipeline:
             self._dirty = self.settings.persist
             fx.deaths.append(death)
             fx.changed = True
+
+    def _pod_status(self, workload: Optional[Workload]) -> Optional[PodStatus]:
+        """The pod's status as the pod index last heard it (None: no index, not a pod, or a pod it does not know:
+        then no wait for it either)."""
+        if workload is None or workload.type != "k8s-container":
+            return None
+        info = self.resolver.pod_info(workload.pod_uid)
+        if info is None:
+            return None
+        return PodStatus(info.status_reason, info.status_message, info.deleting)
 
     def _oomd_marks_read(self, event: OomdMarksRead, fx: Effects) -> None:
         context = self._death_context.get(event.path)

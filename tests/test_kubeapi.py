@@ -317,3 +317,18 @@ def test_training_job(labels, annotations, owner, job):
 )
 def test_pod_info_needs_identity(obj):
     assert pod_info_from_object(obj) is None
+
+
+def test_the_pods_status_reason_message_and_deletion_are_kept_bounded() -> None:
+    """What an eviction leaves on the pod (the kubelet's status.reason and message) and a deletion's
+    deletionTimestamp; strings are cut (they go into Events and logs), other types are ignored."""
+    from oomwatch.workloads.kubeapi import pod_info_from_object
+
+    pod = {"metadata": {"uid": "u1", "namespace": "ml", "name": "p", "deletionTimestamp": "2026-11-26T14:00:00Z"},
+           "status": {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory. " * 50}}
+    info = pod_info_from_object(pod)
+    assert (info.status_reason, info.deleting) == ("Evicted", True)
+    assert info.status_message.startswith("The node was low on resource: memory.") and len(info.status_message) == 1024
+    bare = pod_info_from_object({"metadata": {"uid": "u2", "namespace": "ml", "name": "q"}, "status": {"reason": 7}})
+    assert (bare.status_reason, bare.status_message, bare.deleting) == (None, None, False)
+    assert pod_info_from_object({"metadata": {"uid": "u3", "namespace": "ml", "name": "r"}, "status": "x"}) is not None

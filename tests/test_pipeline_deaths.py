@@ -14,7 +14,7 @@ from oomwatch.agent import container_log_finding
 from oomwatch.deaths import SIGKILL, SIGTERM, Death
 from oomwatch.events import KernelLog, LogTailRead, OomdMarksRead, ProcessExeced, ProcessExited, Stop
 from oomwatch.model import death_key_of_json, incident_key_of_json
-from oomwatch.pipeline import Effects, Settings
+from oomwatch.pipeline import POD_STATUS_WAIT_SECONDS, Effects, Settings
 from oomwatch.sinks.events import EventsFile, written_keys
 from oomwatch.sources.cgroupfs import Proc
 from oomwatch.store import Store
@@ -380,3 +380,77 @@ def test_the_marks_are_read_as_systemd_oomd_writes_them(tmp_path: Path) -> None:
     os.setxattr(unit, "user.oomd_kill", b"12")
     assert oomd_marks(str(unit)) == (3, 12)
     assert oomd_marks(str(tmp_path / "gone.service")) == (None, None)
+
+
+def evicted_pod(reason: str | None) -> dict:
+    """The container's pod as the API server returns it; after an eviction the kubelet sets its status to
+    phase Failed, reason Evicted and the eviction manager's message (pkg/kubelet/eviction/helpers.go)."""
+    status: dict = {"phase": "Running"}
+    if reason:
+        status = {"phase": "Failed", "reason": reason,
+                  "message": "The node was low on resource: memory. Threshold quantity: 100Mi, available: 92564Ki. "
+                             "Container trainer was using 2097152Ki, request is 0, has larger consumption of memory. "}
+    return {"metadata": {"uid": POD_UID, "namespace": "ml", "name": "train-0"}, "status": status}
+
+
+def with_pod_index(replay: Replay) -> Any:
+    from oomwatch.workloads.kubeapi import PodIndex
+
+    index = PodIndex("node-1", client=None)
+    index.apply("ADDED", evicted_pod(None))
+    replay.pipeline.resolver.pod_index = index
+    return index
+
+
+def test_the_kubelets_eviction_is_named_once_the_pods_status_says_it(tmp_path: Path) -> None:
+    """The kubelet stops an evicted pod's containers (through the runtime) before the API shows "Evicted": a
+    SIGKILL death of a pod the index knows waits for its status, and is the kubelet's eviction once it comes."""
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    index = with_pod_index(replay)
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    container_id = CONTAINER.rsplit("/", 1)[1]
+    argv = ("runc", "--root", "/run/containerd/runc/k8s.io", "kill", container_id, "9")
+    replay.step(ProcessExeced(7001, "/system.slice/containerd.service", None, "runc", argv), BOOT + 4.9)
+    replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    replay.advance_to(BOOT + 8.0)
+    log_read(replay, BOOT + 8.1)
+    assert replay.deaths == []  # complete, but the pod's status may still say who sent it
+    index.apply("MODIFIED", evicted_pod("Evicted"))
+    replay.settle()
+    [death] = replay.deaths
+    assert (death.cause, death.sender) == ("userspace", "kubelet-eviction")
+    assert any("the pod's status: Evicted: The node was low on resource: memory." in e for e in death.evidence)
+    no_oom_kills(replay)
+
+
+def test_a_pod_that_is_not_evicted_keeps_the_runtimes_stop_after_the_wait(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    with_pod_index(replay)
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    container_id = CONTAINER.rsplit("/", 1)[1]
+    argv = ("runc", "--root", "/run/containerd/runc/k8s.io", "kill", container_id, "9")
+    replay.step(ProcessExeced(7001, "/system.slice/containerd.service", None, "runc", argv), BOOT + 4.9)
+    replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    replay.advance_to(BOOT + 8.0)
+    log_read(replay, BOOT + 8.1)
+    assert replay.deaths == [] and replay.pipeline.next_deadline() == BOOT + 8.1 + POD_STATUS_WAIT_SECONDS
+    replay.settle()
+    [death] = replay.deaths
+    assert (death.cause, death.sender) == ("userspace", "runtime-stop")
+    assert death.detected_at == BOOT + 8.1 + POD_STATUS_WAIT_SECONDS
+
+
+def test_a_stop_judges_a_death_waiting_for_its_pods_status(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    with_pod_index(replay)
+    started(replay, 5001, 1, "python3", BOOT + 1.0)
+    replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    replay.advance_to(BOOT + 8.0)
+    log_read(replay, BOOT + 8.1)
+    assert replay.deaths == []
+    replay.step(Stop(), BOOT + 9.0)
+    [death] = replay.deaths
+    assert (death.cause, death.sender) == ("userspace", "unknown")

@@ -79,6 +79,11 @@ class PodInfo:
     owner: Optional[dict[str, str]] = None
     job: Optional[dict[str, str]] = None
     queue: Optional[str] = None  # Kueue LocalQueue
+    # status.reason / status.message ("Evicted", "The node was low on resource: memory. …": the kubelet's
+    # eviction) and whether metadata.deletionTimestamp is set, as last watched
+    status_reason: Optional[str] = None
+    status_message: Optional[str] = None
+    deleting: bool = False
 
 
 # --- pure parsers ------------------------------------------------------------------------------------
@@ -152,6 +157,7 @@ def pod_info_from_object(pod: Mapping[str, Any]) -> Optional[PodInfo]:
     labels = _str_map(metadata.get("labels"))
     annotations = _str_map(metadata.get("annotations"))
     owner = controlling_owner(metadata)
+    status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
     return PodInfo(
         uid=uid,
         namespace=namespace,
@@ -160,7 +166,15 @@ def pod_info_from_object(pod: Mapping[str, Any]) -> Optional[PodInfo]:
         owner=owner,
         job=training_job(labels, annotations, owner),
         queue=labels.get(LABEL_KUEUE_QUEUE) or annotations.get(LABEL_KUEUE_QUEUE) or None,
+        status_reason=_short_str(status.get("reason"), 64),
+        status_message=_short_str(status.get("message"), 1024),
+        deleting=bool(metadata.get("deletionTimestamp")),
     )
+
+
+def _short_str(value: Any, limit: int) -> Optional[str]:
+    """A status string as the API gave it, cut to `limit` (it ends up in Events and logs), or None."""
+    return value[:limit] if isinstance(value, str) and value else None
 
 
 # --- the index ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from oomwatch.model import Workload
-from oomwatch.workloads.kubeapi import PodIndex
+from oomwatch.workloads.kubeapi import PodIndex, PodInfo
 from oomwatch.workloads.paths import CONTAINER, DEFAULT_LAYOUT, CgroupLayout, normalize
 from oomwatch.workloads.runtime import ContainerNames, RuntimeNames
 
@@ -70,6 +70,10 @@ class WorkloadResolver:
             if info.job is not None:
                 changes["job"] = dict(info.job)
         return replace(workload, **changes) if changes else workload
+
+    def pod_info(self, pod_uid: Optional[str]) -> Optional[PodInfo]:
+        """What the pod index last heard of a pod (its status included); None without an index or the pod."""
+        return self.pod_index.info(pod_uid) if self.pod_index is not None and pod_uid else None
 
     def _names(self, workload: Workload) -> Optional[ContainerNames]:
         if self.runtime_names is None:
