@@ -14,7 +14,7 @@ from oomwatch.memreadings import READER_LAG
 from oomwatch.parse.kmsg import parse_kmsg_record
 from oomwatch.parse.memstat import parse_memory_stat_block
 from oomwatch.sources.cgroupfs import CgroupFS
-from oomwatch.sources.cgroupsource import STAT_READ_INTERVAL, CgroupSource
+from oomwatch.sources.cgroupsource import STAT_READ_INTERVAL, STAT_READS_PER_SECOND, CgroupSource
 from oomwatch.workloads import WorkloadResolver
 from tests.conftest import CAPTURES, FIXTURES, raw_records
 from tests.replay import Replay, live_reads
@@ -63,17 +63,14 @@ def test_the_source_reads_memory_stat_at_the_limit_at_a_bounded_rate(tmp_path: P
         clocks.tick(STAT_READ_INTERVAL / 2)
         assert reads(max=2) == []  # at its limit again within the interval: not read again
         assert reads(max=2, high=7) == []  # memory.high alone never reads
-        clocks.tick(0.001)
-        (oom,) = reads(max=3, high=7, oom=1)  # an OOM invocation: read whatever the interval says
-        clocks.tick(0.001)
-        assert len(reads(max=3, high=7, oom=1, oom_kill=1)) == 1  # a kill: read (for the kills after it)
         clocks.tick(STAT_READ_INTERVAL)
-        assert len(reads(max=4, high=7, oom=1, oom_kill=1)) == 1  # the interval has passed
+        assert reads(max=3, high=7, oom=1) == []  # an OOM invocation: the kill is as good as done, no use
+        assert reads(max=4, high=7, oom=1, oom_kill=1) == []  # a kill: the same
+        assert len(reads(max=5, high=7, oom=1, oom_kill=1)) == 1  # at its limit again: the interval has passed
         clocks.tick(STAT_READ_INTERVAL)
-        assert reads(max=4, high=90, oom=1, oom_kill=1) == []  # living at memory.high: nothing read
+        assert reads(max=5, high=90, oom=1, oom_kill=1) == []  # living at memory.high: nothing read
         (leaf / "memory.stat").unlink()  # going away: a vanished file is no reading
-        clocks.tick(STAT_READ_INTERVAL)
-        assert reads(max=5, high=90, oom=1, oom_kill=1) == []
+        assert reads(max=6, high=90, oom=1, oom_kill=1) == []
     finally:
         source.watcher.close()
 
@@ -106,6 +103,37 @@ def pipeline_with_cgroup() -> Replay:
 def stat_with_anon(anon: int):
     return STAT._replace(values={**STAT.values, "anon": anon})
 
+
+def test_the_node_reads_at_most_its_budget_of_memory_stat_a_second(tmp_path: Path) -> None:
+    """A storm puts many cgroups at their limit at once: memory.stat is read for the first
+    STAT_READS_PER_SECOND of them in a second, and again once the next second begins."""
+    tree = tmp_path / "cgroup"
+    paths = [f"/kubepods/burstable/pod{i}/c" for i in range(STAT_READS_PER_SECOND + 10)]
+    for path in paths:
+        (tree / path.lstrip("/")).mkdir(parents=True)
+        (tree / path.lstrip("/") / "memory.stat").write_text(STAT_TEXT)
+    got: list = []
+    clocks = Clocks()
+    source = CgroupSource(CgroupFS(str(tree)), WorkloadResolver(), got.append, clock=lambda: clocks.mono,
+                          wall_clock=lambda: clocks.wall)
+    source.start()
+    try:
+        def at_limit(max_events: int) -> list[str]:
+            got.clear()
+            for path in paths:
+                for name in ("memory.events", "memory.events.local"):
+                    (tree / path.lstrip("/") / name).write_text(f"low 0\nhigh 0\nmax {max_events}\noom 0\n"
+                                                                 "oom_kill 0\noom_group_kill 0\n")
+                source.watcher.on_events(path)
+            return [e.path for e in got if isinstance(e, MemoryStatRead)]
+
+        assert at_limit(1) == paths[:STAT_READS_PER_SECOND]
+        clocks.tick(0.5)
+        assert at_limit(2) == []  # the node's second is spent
+        clocks.tick(0.6)
+        assert len(at_limit(3)) == STAT_READS_PER_SECOND  # a new second: a new budget
+    finally:
+        source.watcher.close()
 
 def test_a_reading_confirmed_before_the_kill_s_batch_is_its_breakdown_with_its_age() -> None:
     replay = pipeline_with_cgroup()
