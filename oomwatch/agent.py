@@ -32,11 +32,12 @@ from oomwatch.sources.cgroupsource import CgroupSource, ProcessSource, cgroup_na
 from oomwatch.sources.kernellog import KernelLogSource
 from oomwatch.sources.kubeletconfig import KubeletConfigWatch
 from oomwatch.sources.procconn import ProcConnector, ProcConnectorUnavailable
+from oomwatch.sources.raylet import raylet_log_read
 from oomwatch.sources.statcache import StatCache
 from oomwatch.statefile import StateFile, StateLocked
 from oomwatch.store import Store
 from oomwatch.workloads import WorkloadResolver
-from oomwatch.workloads.runtime import RuntimeNames
+from oomwatch.workloads.runtime import RuntimeNames, host_is_tmpfs
 
 log = logging.getLogger("oomwatch.agent")
 
@@ -60,7 +61,8 @@ class Agent:
                                                  self.events.put)
         self.kernel_log = KernelLogSource(config.kmsg, self.events.put, factory=kmsg_factory, early_pump=early_pump)
         self.layout = node_layout(config.kubelet_config)  # Kubernetes identities only below the kubelet's root
-        names = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir),
+        names = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir,
+                                              is_tmpfs=host_is_tmpfs(config.proc)),
                                  self.pod_index, layout=self.layout)  # the bundles' names, read by the source
         self.cgroups = CgroupSource(self.fs, names, self.events.put, stat_cache=self.stat_cache,
                                     on_kill=self.kernel_log.wake)
@@ -206,8 +208,9 @@ def publish_to(sinks: list[Sink], incident) -> None:
 
 
 def apply_deaths(agent: Agent, fx: Effects) -> None:
-    """Deaths' verdicts to the sinks that show them; the container logs and systemd-oomd marks the pipeline asked
-    for, read here and stepped back as LogTailRead / OomdMarksRead events, so that the pipeline stays pure."""
+    """Deaths' verdicts to the sinks that show them; the container logs, systemd-oomd marks and Ray raylet.out tails
+    the pipeline asked for, read here and stepped back as LogTailRead / OomdMarksRead / RayLogRead events, so that
+    the pipeline stays pure."""
     for death in fx.deaths:
         for sink in agent.sinks:
             publish = getattr(sink, "publish_death", None)
@@ -221,6 +224,8 @@ def apply_deaths(agent: Agent, fx: Effects) -> None:
         agent.events.put(LogTailRead(request.key, container_log_finding(agent.config.pod_log_dir, request)))
     for path in fx.read_marks:  # at once: the unit's cgroup goes soon after its processes
         agent.events.put(OomdMarksRead(path, *oomd_marks(agent.fs.abspath(path))))
+    for ray in fx.read_ray_logs:  # through a live process of the container: at once, before it stops too
+        agent.events.put(raylet_log_read(ray.key, agent.fs.abspath(ray.cgroup), agent.config.proc))
 
 
 def container_log_finding(pod_log_root: str, request: LogRequest):

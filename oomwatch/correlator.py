@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from oomwatch.model import (
     Incident,
@@ -197,7 +197,9 @@ class Correlator:
         live: bool = True,
         page_size: Optional[int] = None,
         memory_reading: Callable[[str, int], Optional[Any]] = lambda cgroup, batch: None,
+        tmpfs_mounts: Callable[[Workload], Sequence[str]] = lambda workload: (),
     ) -> None:
+        self._tmpfs_mounts = tmpfs_mounts  # the victim container's tmpfs volumes, named by a shmem verdict
         self.boot_id = boot_id
         self.boot_time = boot_time
         self._resolve_workload = resolve_workload
@@ -594,7 +596,7 @@ class Correlator:
                                killed_pids=[p.pid for p in killed], page_size=self._page_size,
                                victim_rss_bytes=_rss_bytes(victim),
                                oom_cgroup=b.summary.oom_cgroup if b.summary is not None else None,
-                               memory_stat=reading)
+                               memory_stat=reading, tmpfs_volumes=self._tmpfs_mounts(incident.workload))
             for name in ("memory_breakdown", "verdict", "verdict_sentence"):
                 _set(incident, name, held[name])
             _set(incident, "top_holders", tuple(held["top_holders"]))

@@ -137,6 +137,7 @@ def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolve
         detected_clock=clock,
         live=live,
         page_size=os.sysconf("SC_PAGE_SIZE") if live else None,
+        tmpfs_mounts=resolver.tmpfs_mounts,
     )
 
 

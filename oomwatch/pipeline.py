@@ -33,6 +33,7 @@ from oomwatch.events import (
     ProcessExeced,
     ProcessExited,
     ProcessForked,
+    RayLogRead,
     StateSaved,
     Stop,
     Tick,
@@ -53,6 +54,7 @@ from oomwatch.deaths import (
     classify,
     kernel_kill_of,
     needs_log,
+    runs_ray,
     runtime_kill_from_argv,
 )
 from oomwatch.explain import explain
@@ -76,6 +78,10 @@ LOG_WAIT_SECONDS = 5.0
 # eviction says "Evicted" only once the pod's containers are stopped (pkg/kubelet/status mergePodStatus holds a
 # terminal status back while containers may run), and the pod index hears it through its watch after that.
 POD_STATUS_WAIT_SECONDS = 10.0
+# A SIGKILL with no sender known yet in a Ray pod waits this long for its raylet.out (read at once by the agent:
+# only a raylet that cannot be read, or a busy loop, makes it wait at all).
+RAY_LOG_WAIT_SECONDS = 3.0
+MAX_RAY_PROCESSES = 1 << 14  # processes of Ray pods whose pid in their container is kept (from their exec)
 RECENT_KILLS = 512
 MAX_DEATH_CONTEXTS = 8192
 # memory.events `oom_kill` moving in a workload this near its death (either side) makes a SIGKILL a kernel kill
@@ -93,6 +99,15 @@ class LogRequest(NamedTuple):
     container: str
 
 
+class RayLogRequest(NamedTuple):
+    """A Ray pod's raylet.out the pipeline wants the tail of, for a SIGKILL death in `cgroup` (its workload
+    cgroup: the container's): the agent reads it through a process still alive in that cgroup (the raylet runs in
+    the Ray container) and steps a RayLogRead."""
+
+    key: str  # the death's (its workload cgroup)
+    cgroup: str
+
+
 @dataclass
 class Effects:
     """What one step asks the agent to do; empty most of the time."""
@@ -107,6 +122,7 @@ class Effects:
     deaths: list[Death] = field(default_factory=list)  # verdicts counted once by the store: for the sinks
     read_logs: list[LogRequest] = field(default_factory=list)  # container logs to read (then step LogTailRead)
     read_marks: list[str] = field(default_factory=list)  # systemd units' cgroups: read systemd-oomd's marks now
+    read_ray_logs: list[RayLogRequest] = field(default_factory=list)  # raylet.out tails (then step RayLogRead)
 
 
 class View(NamedTuple):
@@ -160,7 +176,8 @@ class Pipeline:
                                      resolve_workload=resolver.resolve, scope_of=resolver.layout.scope_of,
                                      explain=self._explain,
                                      view=self.node, detected_clock=lambda: self._now, live=live,
-                                     page_size=settings.page_size, memory_reading=self.readings.before)
+                                     page_size=settings.page_size, memory_reading=self.readings.before,
+                                     tmpfs_mounts=resolver.tmpfs_mounts)
         self.witness = WitnessQueue(explain=self._explain, wait=settings.witness_wait if live else 0.0)
         self.reconciler = Reconciler(self._counted_incident)
         self.reconciler.load_state(accounts or {})
@@ -184,7 +201,12 @@ class Pipeline:
         self._recent_kills: deque[KernelKill] = deque(maxlen=RECENT_KILLS)
         self._death_context: OrderedDict[str, _DeathContext] = OrderedDict()
         self._awaiting_log: dict[str, tuple[ExitGroup, float]] = {}
-        self._awaiting_status: dict[str, tuple[ExitGroup, Any, float]] = {}  # key → (group, log finding, until)
+        # key → (group, log finding, raylet.out's killed pids or None, until)
+        self._awaiting_status: dict[str, tuple[ExitGroup, Any, Optional[frozenset], float]] = {}
+        self._awaiting_ray: dict[str, tuple[ExitGroup, Any, float]] = {}  # key → (group, log finding, until)
+        # Processes of Ray pods: host pid → pid in its container (raylet.out names the latter), from the exec
+        self._ray_ns_pids: OrderedDict[int, int] = OrderedDict()
+        self._ray_error_said = False  # a refused read of raylet.out is logged once
         self._oomd_found: dict[str, int] = {}  # user.oomd_ooms of cgroups marked already when found
         self._runtime_kills: deque[RuntimeKill] = deque(maxlen=RECENT_KILLS)  # `runc kill …` heard lately
         self._woken_for_deaths: Optional[float] = None  # the due time a read of the kernel log was asked for
@@ -194,7 +216,7 @@ class Pipeline:
             ProcessExited: self._exited, PostureRead: self._posture, StateSaved: self._state_saved,
             KernelLogEnded: self._kernel_log_ended, Stop: self._stop, Tick: lambda event, fx: None,
             LogTailRead: self._log_tail_read, OomdMarksRead: self._oomd_marks_read,
-            MemoryStatRead: self._memory_stat_read,
+            MemoryStatRead: self._memory_stat_read, RayLogRead: self._ray_log_read,
         }
 
     # --- the step ----------------------------------------------------------------------------------
@@ -226,7 +248,9 @@ class Pipeline:
         if self._awaiting_log:
             times.append(min(at for _, at in self._awaiting_log.values()))
         if self._awaiting_status:
-            times.append(min(at for _, _, at in self._awaiting_status.values()))
+            times.append(min(at for *_, at in self._awaiting_status.values()))
+        if self._awaiting_ray:
+            times.append(min(at for *_, at in self._awaiting_ray.values()))
         return min((t for t in times if t is not None), default=None)
 
     def view(self) -> View:
@@ -410,6 +434,8 @@ class Pipeline:
 
     def _execd(self, event: ProcessExeced, fx: Effects) -> None:
         self.node.process_execd(event.pid, event.cgroup, event.ns_pid, event.comm)
+        if event.ns_pid is not None and event.ns_pid != 1 and event.cgroup is not None:
+            self._keep_ray_ns_pid(event.pid, event.ns_pid, event.cgroup)
         if event.argv:
             kill = runtime_kill_from_argv(event.argv, self._now)
             if kill is not None:
@@ -417,6 +443,7 @@ class Pipeline:
 
     def _exited(self, event: ProcessExited, fx: Effects) -> None:
         main = self.node.mains.pop(event.pid, None) if self.node.mains else None
+        ns_pid = self._ray_ns_pids.pop(event.pid, None) if self._ray_ns_pids else None
         if event.signal != SIGKILL and main is None:
             return  # (most exits: neither a SIGKILL nor a workload's main process)
         # Its cgroup as last seen alive: the exit event comes after the process has left it.
@@ -428,7 +455,7 @@ class Pipeline:
             return  # not a workload's process: no workload died
         self.deaths.add(Exit(pid=event.pid, time=event.time, workload=workload, cgroup=cgroup, signal=event.signal,
                              code=event.code, comm=main[1] if main else None, main=main is not None,
-                             ns_pid=1 if main else None), self._now)
+                             ns_pid=1 if main else ns_pid), self._now)
         if workload not in self._death_context:
             if len(self._death_context) >= MAX_DEATH_CONTEXTS:
                 self._death_context.popitem(last=False)
@@ -463,11 +490,14 @@ class Pipeline:
         for group, _ in list(self._awaiting_log.values()):
             self._judge(group, fx, log_read=True)
         self._awaiting_log.clear()
-        for group, log, _ in list(self._awaiting_status.values()):
-            self._judge(group, fx, log_read=True, log=log, status_waited=True)
+        for group, log, _ in list(self._awaiting_ray.values()):
+            self._judge(group, fx, log_read=True, log=log, ray=frozenset(), status_waited=True)
+        self._awaiting_ray.clear()
+        for group, log, ray, _ in list(self._awaiting_status.values()):
+            self._judge(group, fx, log_read=True, log=log, ray=ray, status_waited=True)
         self._awaiting_status.clear()
         for group in self.deaths.due(self._now, everything=True):
-            self._judge(group, fx, log_read=True)
+            self._judge(group, fx, log_read=True, ray=frozenset(), status_waited=True)  # nothing would answer
         if self.settings.persist:
             fx.save = self.state()
             self._dirty = False
@@ -570,9 +600,12 @@ class Pipeline:
         now = self._now
         for key in [k for k, (_, at) in self._awaiting_log.items() if at <= now]:
             self._judge(self._awaiting_log.pop(key)[0], fx, log_read=True)  # no log came in time
-        for key in [k for k, (_, _, at) in self._awaiting_status.items() if at <= now]:
-            group, log, _ = self._awaiting_status.pop(key)
-            self._judge(group, fx, log_read=True, log=log, status_waited=True)
+        for key in [k for k, (*_, at) in self._awaiting_ray.items() if at <= now]:
+            group, log, _ = self._awaiting_ray.pop(key)
+            self._judge(group, fx, log_read=True, log=log, ray=frozenset())  # no raylet.out came in time
+        for key in [k for k, (*_, at) in self._awaiting_status.items() if at <= now]:
+            group, log, ray, _ = self._awaiting_status.pop(key)
+            self._judge(group, fx, log_read=True, log=log, ray=ray, status_waited=True)
         due = self.deaths.next_due()
         if due is None or due > now:
             return
@@ -585,10 +618,11 @@ class Pipeline:
             self._judge(group, fx)
 
     def _judge(self, group: ExitGroup, fx: Effects, log_read: bool = False, log: Any = None,
-               status_waited: bool = False) -> None:
+               ray: Optional[frozenset] = None, status_waited: bool = False) -> None:
         """A complete death: its verdict from what the pipeline knows, counted once and handed to the sinks;
         or first its container's log, when only that can tell (an exit code after a GPU ran out of memory);
-        or, for a container killed by a sender not known yet, first its pod's status (an eviction)."""
+        or, for a container killed by a sender not known yet, first its raylet.out in a Ray pod (once: `ray` is
+        what it said, None before it was asked), then its pod's status (an eviction)."""
         context = self._death_context.get(group.key) or _DeathContext(None)
         workload = context.identity or self._identities.get(group.key)
         if workload is None and not group.key.startswith("pid:"):
@@ -613,14 +647,19 @@ class Pipeline:
             kernel_kills=tuple(k for k in self._recent_kills if start <= k.time <= end),
             oom_kills_in_window=1 if near else 0,
             oom_kills_in_run=in_run if workload is not None and workload.type == "k8s-container" else None,
-            oomd=oomd, log=log, pod_status=self._pod_status(workload),
+            oomd=oomd, log=log, pod_status=self._pod_status(workload), ray_killed_pids=ray or frozenset(),
             runtime_kills=tuple(k for k in self._runtime_kills
                                 if group.first - STOP_BEFORE_SECONDS - 1.0 <= k.time <= group.last + 1.0))
         death = classify(group, evidence, self._now)
+        if (death is not None and death.cause == "userspace" and death.sender == "unknown" and ray is None
+                and self._runs_ray(workload)):
+            self._awaiting_ray[group.key] = (group, log, self._now + RAY_LOG_WAIT_SECONDS)
+            fx.read_ray_logs.append(RayLogRequest(group.key, group.key))
+            return
         if (death is not None and death.cause == "userspace" and death.sender != "kubelet-eviction"
                 and not status_waited and self.settings.kmsg_source is not None
                 and self.resolver.pod_index is not None and evidence.pod_status is not None):
-            self._awaiting_status[group.key] = (group, log, self._now + POD_STATUS_WAIT_SECONDS)
+            self._awaiting_status[group.key] = (group, log, ray, self._now + POD_STATUS_WAIT_SECONDS)
             return
         self._death_context.pop(group.key, None)
         if death is None:
@@ -640,6 +679,36 @@ class Pipeline:
         if info is None:
             return None
         return PodStatus(info.status_reason, info.status_message, info.deleting)
+
+    def _runs_ray(self, workload: Optional[Workload]) -> bool:
+        """A Kubernetes container of a pod that runs Ray (KubeRay's kinds or label), as the pod index says now
+        (the identity may predate the index's first word on the pod)."""
+        if workload is None or workload.type != "k8s-container":
+            return False
+        info = self.resolver.pod_info(workload.pod_uid)
+        kinds = [(d or {}).get("kind") for d in (workload.job, workload.owner)]
+        if info is not None:
+            kinds += [(d or {}).get("kind") for d in (info.job, info.owner)]
+        return runs_ray(kinds, info.labels if info is not None else {})
+
+    def _keep_ray_ns_pid(self, pid: int, ns_pid: int, cgroup: str) -> None:
+        """A process exec'd in a Ray pod: keep its pid in its container, the one raylet.out would name it by."""
+        workload = self.node.workload_of(cgroup)
+        if workload is None or not self._runs_ray(self._identities.get(workload)):
+            return
+        if len(self._ray_ns_pids) >= MAX_RAY_PROCESSES:
+            self._ray_ns_pids.popitem(last=False)
+        self._ray_ns_pids[pid] = ns_pid
+
+    def _ray_log_read(self, event: RayLogRead, fx: Effects) -> None:
+        if event.error is not None and not self._ray_error_said:
+            self._ray_error_said = True
+            fx.logs.append((logging.WARNING, f"cannot read Ray's raylet.out: {event.error}; deaths in Ray pods are "
+                                             "judged without it (said once)"))
+        waiting = self._awaiting_ray.pop(event.key, None)
+        if waiting is not None:
+            group, log, _ = waiting
+            self._judge(group, fx, log_read=True, log=log, ray=event.killed_pids or frozenset())
 
     def _oomd_marks_read(self, event: OomdMarksRead, fx: Effects) -> None:
         context = self._death_context.get(event.path)

@@ -44,9 +44,9 @@ def read_like_the_agent(raw: list[bytes]) -> list:
     return items
 
 
-def incidents_of(items: list) -> list:
-    correlator = make_correlator(boot_id="t", boot_time=0.0, resolver=WorkloadResolver(),
-                                 posture_single=lambda: "false")
+def incidents_of(items: list, correlator=None) -> list:
+    correlator = correlator or make_correlator(boot_id="t", boot_time=0.0, resolver=WorkloadResolver(),
+                                               posture_single=lambda: "false")
     out = []
     for item in items:
         if isinstance(item, KmsgRecord):

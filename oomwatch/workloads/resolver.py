@@ -71,6 +71,14 @@ class WorkloadResolver:
                 changes["job"] = dict(info.job)
         return replace(workload, **changes) if changes else workload
 
+    def tmpfs_mounts(self, workload: Workload) -> tuple[str, ...]:
+        """The container's tmpfs mounts that belong to its pod (memory-medium emptyDirs, the pod's /dev/shm), as
+        its runtime's bundle said when it appeared (oomwatch.workloads.runtime.tmpfs_mounts); () when unknown."""
+        if self.runtime_names is None or workload.type != "k8s-container":
+            return ()
+        names = self.runtime_names.lookup(workload.container_id, workload.pod_uid)
+        return names.tmpfs_mounts if names is not None else ()
+
     def pod_info(self, pod_uid: Optional[str]) -> Optional[PodInfo]:
         """What the pod index last heard of a pod (its status included); None without an index or the pod."""
         return self.pod_index.info(pod_uid) if self.pod_index is not None and pod_uid else None

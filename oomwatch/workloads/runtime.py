@@ -23,7 +23,7 @@ import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,10 @@ class ContainerNames:
     image: Optional[str] = None
     sandbox_id: Optional[str] = None
     runtime: Optional[str] = None  # containerd | cri-o
+    # The container's mounts whose pages are tmpfs, charged to the cgroup that writes them and kept after a
+    # restart: memory-medium emptyDirs and the pod's /dev/shm, as "emptyDir \"NAME\" at /PATH" (see
+    # tmpfs_mounts); what an incident whose shmem filled the limit names
+    tmpfs_mounts: tuple[str, ...] = ()
 
     @property
     def is_sandbox(self) -> bool:
@@ -118,7 +122,8 @@ def _id_from_cgroups_path(cgroups_path: Any) -> Optional[str]:
     return tail or None
 
 
-def parse_oci_config(text: str, container_id: Optional[str] = None) -> Optional[ContainerNames]:
+def parse_oci_config(text: str, container_id: Optional[str] = None,
+                     is_tmpfs: Optional[IsTmpfs] = None) -> Optional[ContainerNames]:
     """An OCI runtime `config.json` → the Kubernetes names in its annotations, for containerd and CRI-O.
 
     `container_id` overrides what the file says (the bundle directory is named after it); otherwise the id
@@ -151,6 +156,7 @@ def parse_oci_config(text: str, container_id: Optional[str] = None) -> Optional[
             image=_text(annotations.get(CONTAINERD_IMAGE_NAME)),
             sandbox_id=sandbox_id,
             runtime="containerd",
+            tmpfs_mounts=tmpfs_mounts(spec, is_tmpfs),
         )
 
     if CRIO_CONTAINER_TYPE in annotations or KUBE_POD_NAMESPACE in annotations:
@@ -180,8 +186,63 @@ def parse_oci_config(text: str, container_id: Optional[str] = None) -> Optional[
             image=_text(annotations.get(CRIO_IMAGE_NAME)),
             sandbox_id=_text(annotations.get(CRIO_SANDBOX_ID)),
             runtime="cri-o",
+            tmpfs_mounts=tmpfs_mounts(spec, is_tmpfs),
         )
     return None
+
+
+# The kubelet mounts an emptyDir from <root-dir>/pods/<uid>/volumes/kubernetes.io~empty-dir/<name>
+# (pkg/volume/emptydir); with `medium: Memory` that directory is itself a tmpfs mount on the host.
+EMPTY_DIR = "/volumes/kubernetes.io~empty-dir/"
+# The pod's /dev/shm, a tmpfs the runtime makes per sandbox and binds into each container: containerd's
+# <state>/io.containerd.grpc.v1.cri/sandboxes/<id>/shm, CRI-O's <storage>/overlay-containers/<id>/userdata/shm.
+_SANDBOX_SHM = re.compile(r"/(?:sandboxes/[^/]+|overlay-containers/[^/]+/userdata)/shm$")
+TMPFS_MAGIC = 0x01021994  # statfs(2) f_type of tmpfs (linux/magic.h)
+MAX_TMPFS_MOUNTS = 8
+IsTmpfs = Callable[[str], Optional[bool]]
+
+
+def tmpfs_mounts(spec: Mapping[str, Any], is_tmpfs: Optional[IsTmpfs] = None) -> tuple[str, ...]:
+    """The tmpfs mounts of an OCI spec that belong to the pod, as short phrases: the pod's /dev/shm
+    ("the pod's /dev/shm"), and emptyDirs ("emptyDir \"dshm\" at /dev/shm") where `is_tmpfs(source)` says the
+    volume is a tmpfs on the host (medium: Memory; a disk emptyDir is not memory). Without `is_tmpfs` (a pure
+    parse) emptyDirs are left for the reader, which can look at the host (RuntimeNames). At most
+    MAX_TMPFS_MOUNTS; names are cut to 63 characters (a volume name is a DNS label)."""
+    mounts = spec.get("mounts")
+    out: list[str] = []
+    for mount in mounts if isinstance(mounts, list) else []:
+        if not isinstance(mount, dict):
+            continue
+        source, destination = _text(mount.get("source")), _text(mount.get("destination"))
+        if not source or not destination:
+            continue
+        destination = destination[:256]
+        if _SANDBOX_SHM.search(source) and destination == "/dev/shm":
+            out.append("the pod's /dev/shm")
+        elif EMPTY_DIR in source and is_tmpfs is not None and is_tmpfs(source):
+            name = source.rsplit(EMPTY_DIR, 1)[1].strip("/")[:63]
+            if name and "/" not in name:
+                out.append(f'emptyDir "{name}" at {destination}')
+        if len(out) >= MAX_TMPFS_MOUNTS:
+            break
+    return tuple(out)
+
+
+def host_is_tmpfs(proc_root: str = "/proc") -> IsTmpfs:
+    """is_tmpfs for tmpfs_mounts: statfs of the path as the agent sees it, else through the host's root
+    (`<proc>/1/root`, for an agent in a container with the host's pids); None when neither can be read."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on x86_64 and arm64; f_type comes first
+
+    def is_tmpfs(path: str) -> Optional[bool]:
+        for candidate in (path, f"{proc_root.rstrip('/')}/1/root{path}"):
+            if libc.statfs(os.fsencode(candidate), buf) == 0:
+                return ctypes.c_long.from_buffer(buf).value == TMPFS_MAGIC
+        return None
+
+    return is_tmpfs
 
 
 def parse_pod_log_dir(name: str) -> Optional[PodLogDir]:
@@ -261,7 +322,9 @@ class RuntimeNames:
         container_log_root: Optional[str] = None,
         max_entries: int = 8192,
         read_files: bool = True,
+        is_tmpfs: Optional[IsTmpfs] = None,
     ) -> None:
+        self.is_tmpfs = is_tmpfs  # tells memory-medium emptyDirs (host_is_tmpfs); None: they are not named
         # False: names only from `keep` (the pipeline's copy, which reads nothing: the cgroup source reads the
         # bundles and sends the names with its events).
         self.read_files = read_files
@@ -288,7 +351,7 @@ class RuntimeNames:
             text = _read_small(path)
             if text is None:
                 continue
-            names = parse_oci_config(text, container_id=container_id)
+            names = parse_oci_config(text, container_id=container_id, is_tmpfs=self.is_tmpfs)
             if names is not None:
                 return names
         return None
