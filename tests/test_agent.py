@@ -135,7 +135,7 @@ def test_a_failed_source_is_503_with_the_reason_then_the_agent_exits_1(tmp_path:
         self.error = "cgroup watcher stopped: the inotify descriptor went bad"
 
     monkeypatch.setattr(CgroupWatcher, "run", dies)
-    monkeypatch.setattr(agent_module, "FATAL_GRACE_SECONDS", 2.0)
+    monkeypatch.setattr(agent_module, "FATAL_GRACE_SECONDS", 6.0)  # room for a loaded machine to scrape first
     agent = Agent(agent_config(tmp_path, kmsg=str(tmp_path / "no-such-kmsg")))
     seen: dict = {}
 
