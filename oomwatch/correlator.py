@@ -59,6 +59,9 @@ KERNEL_FACILITY = 0  # syslog facility of records the kernel itself printed (pri
 # exact beside the list. A pod can fork thousands and memory.oom.group kills them all: an incident of 3,000
 # processes was 0.8 MB of JSON, and sixty of them overflowed the state file.
 MAX_KILLED_LISTED = 100
+# A memory.stat reading older than this at the kill (the cgroup was at its limit then, not since: memory.stat is
+# read while `max` moves) says little of what held the memory when it was killed: the breakdown is null instead.
+MAX_READING_AGE = 10.0
 
 
 class NodeView(Protocol):
@@ -589,7 +592,7 @@ class Correlator:
                 and oom_cgroup != "/" and constraint != "global":
             # The stats block was ratelimited or lost: memory.stat of the OOM cgroup read before the kill, if any
             found = self._memory_reading(oom_cgroup, first.batch)
-            if found is not None:
+            if found is not None and first.time - found.taken <= MAX_READING_AGE:
                 reading = (found.stat, round(max(0.0, first.time - found.taken), 3))  # (clocks drift: >= 0)
         if report is not None or reading is not None:
             held = held_memory(report, limit_bytes=memory["limit_bytes"] if memory else None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from oomwatch.correlator import MAX_READING_AGE
 from oomwatch.events import CgroupAdded, CgroupChanged, KernelLog, MemoryStatRead, Tick
 from oomwatch.holders import breakdown
 from oomwatch.memreadings import READER_LAG
@@ -150,6 +151,18 @@ def test_a_reading_confirmed_before_the_kill_s_batch_is_its_breakdown_with_its_a
     assert "What held the memory: memory.stat read 3.25 s before the kill: tmpfs" in incident.explanation
 
 
+def test_a_reading_older_than_the_cap_at_the_kill_is_not_its_breakdown() -> None:
+    """The cgroup was at its limit long before, not since (memory.stat is read while `max` moves): null."""
+    replay = pipeline_with_cgroup()
+    replay.step(MemoryStatRead(CG, 100.0, STAT), now=100.0)
+    replay.step(KernelLog([], drained_at=100.0 + READER_LAG), now=101.0)
+    at = 100.0 + MAX_READING_AGE + 0.5
+    replay.step(KernelLog(kill_records(10, at, 4242), drained_at=at + 0.05), now=at + 0.05)
+    replay.settle()
+    (incident,) = replay.published
+    assert incident.memory_breakdown is None and incident.verdict == "unknown"
+
+
 def test_the_freshest_confirmed_reading_wins_and_an_unconfirmed_one_is_never_shown() -> None:
     replay = pipeline_with_cgroup()
     replay.step(MemoryStatRead(CG, 100.0, stat_with_anon(1 << 20)), now=100.0)
@@ -218,12 +231,17 @@ def test_a_saved_log_takes_no_readings() -> None:
 
 # --- the real storm, replayed ---------------------------------------------------------------------------------
 
-def test_the_ratelimited_storm_replayed_with_readings() -> None:
+def test_the_ratelimited_storm_replayed_with_readings(monkeypatch) -> None:
     """The real 6.1 storm (30 memory.oom.group containers, 5 rounds each; most reports lost their header and
     stats to the ratelimit), read as the live reader reads it, with what the cgroup source would have emitted:
     each container's `oom` moving and a memory.stat reading just before each of its kills (its anon marks
     which). A report with its stats keeps them; one without shows a reading of its OOM cgroup only when a read
     of the log ended, less the reader's lag, after it; the reading taken just before the kill itself never."""
+    import oomwatch.correlator
+
+    # The ordering rule alone: a container's readings come a round apart here (each before its kill), older
+    # than the age cap, which test_a_reading_older_than_the_cap_at_the_kill_is_not_its_breakdown covers.
+    monkeypatch.setattr(oomwatch.correlator, "MAX_READING_AGE", float("inf"))
     raw = raw_records(CAPTURES / "linux-6.1-storm-ratelimited.kmsg")
     reads = live_reads(raw, per_read=16)
     blind, replay = Replay(now=0.0), Replay(now=0.0)
