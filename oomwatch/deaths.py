@@ -31,7 +31,9 @@ What the node can know, and what it cannot:
   grace period. The proc connector sees the exec; its command line can be read while runc runs (it is
   short-lived).
 - Ray's memory monitor logs each kill in raylet.out (`… killed due to the node running low on memory`, with
-  the killed worker's `pid=`, a pid of the Ray container's pid namespace).
+  the killed worker's `pid=`, a pid of the Ray container's pid namespace): the agent reads its tail through a
+  live process of the container (`/proc/<pid>/root/tmp/ray/session_latest/logs/raylet.out`,
+  oomwatch.sources.raylet) when a SIGKILL in a Ray pod has no other sender.
 - A container's status says OOMKilled when its runtime saw an OOM kill in the container's cgroup at any time
   of the run (containerd's TaskOOM event, from memory.events `oom_kill`), however the container then ended.
   Its last exit was an OOM kill only if the kernel killed its main process.
@@ -48,7 +50,7 @@ import re
 import signal as _signal
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, NamedTuple, Optional, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from oomwatch.correlator import is_within
 from oomwatch.explain import size
@@ -329,6 +331,17 @@ _RAY_SELECTED = re.compile(r"Selected to kill: \(Task: [^)]{0,2000}?\bpid=(\d{1,
 _RAY_WHERE = re.compile(r"where the (?:task|lease) \([^)]{0,2000}?\bpid=(\d{1,10})\b")
 
 
+# KubeRay's kinds and the label it puts on every Ray pod (`ray.io/node-type`: head | worker).
+RAY_KINDS = frozenset({"RayJob", "RayCluster", "RayService"})
+RAY_NODE_TYPE_LABEL = "ray.io/node-type"
+
+
+def runs_ray(kinds: Iterable[Optional[str]], labels: Mapping[str, str]) -> bool:
+    """Whether a pod runs Ray: its job's or controlling owner's kind (`kinds`) is KubeRay's, or it carries
+    KubeRay's node-type label. Only such a pod's raylet.out is read for a death in it."""
+    return any(kind in RAY_KINDS for kind in kinds) or RAY_NODE_TYPE_LABEL in labels
+
+
 def ray_killed_pids(text: str) -> frozenset:
     """The pids (in the Ray container's pid namespace) raylet.out says its memory monitor killed: each
     `Selected to kill: (Task: … pid=N …)` (Ray 2.56+: several at once), or the `where the task (… pid=N …) was
@@ -552,9 +565,16 @@ def _sender(group: ExitGroup, ev: Evidence, notes: list[str]) -> str:
         notes.append(f"systemd-oomd marked {mark.cgroup}: user.oomd_ooms {mark.ooms_before or 0} → "
                      f"{mark.ooms_after}{kills}")
         return "systemd-oomd"
-    ray = [e for e in group.sigkilled if (e.ns_pid if e.ns_pid is not None else e.pid) in ev.ray_killed_pids]
+    # raylet.out names pids of the Ray container's pid namespace: a process's ns_pid (heard at its exec). Its
+    # host pid stands in only outside a Kubernetes container (a Ray on the host: one pid namespace).
+    in_container = ev.workload is not None and ev.workload.type == "k8s-container"
+    ray = [e for e in group.sigkilled
+           if (e.ns_pid if e.ns_pid is not None or in_container else e.pid) in ev.ray_killed_pids]
     if ray:
-        notes.append(f"raylet.out: Ray's memory monitor killed {_who(ray[0])}")
+        killed = ray[0]
+        inside = (f" (pid {killed.ns_pid} in its container, as raylet.out names it)"
+                  if killed.ns_pid is not None and killed.ns_pid != killed.pid else "")
+        notes.append(f"raylet.out: Ray's memory monitor killed {_who(killed)}{inside}")
         return "ray-memory-monitor"
     container_id = ev.workload.container_id if ev.workload is not None else None
     stops = [k for k in ev.runtime_kills if container_id and k.container_id == container_id

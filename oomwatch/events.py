@@ -122,6 +122,17 @@ class LogTailRead(NamedTuple):
     finding: Optional[Any]
 
 
+class RayLogRead(NamedTuple):
+    """What the agent read of a Ray pod's raylet.out for a death the pipeline asked about (Effects.read_ray_logs):
+    `killed_pids`, oomwatch.deaths.ray_killed_pids of its last 64 KiB (pids of the Ray container's pid namespace);
+    None when no raylet.out was read (no Ray in that container, the container gone, or the read refused:
+    `error` says why when it was more than a missing file)."""
+
+    key: str
+    killed_pids: Optional[frozenset]
+    error: Optional[str] = None
+
+
 class PostureRead(NamedTuple):
     """The node's OOM policy as the kubelet's config says it now: singleProcessOOMKill "true"/"false"/"unknown"."""
 

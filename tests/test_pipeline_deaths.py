@@ -454,3 +454,159 @@ def test_a_stop_judges_a_death_waiting_for_its_pods_status(tmp_path: Path) -> No
     replay.step(Stop(), BOOT + 9.0)
     [death] = replay.deaths
     assert (death.cause, death.sender) == ("userspace", "unknown")
+
+
+# --- Ray's memory monitor (its raylet.out) ----------------------------------------------------------------------
+
+GPULOGS = FIXTURES / "gpulogs"
+RAYLET_KILLS = GPULOGS / "ray-docs-raylet-memory-monitor.txt"  # selects pids 3310152 and 3310153 (Ray's docs)
+RAY_OTHER_KILL = GPULOGS / "ray-docs-driver-outofmemoryerror.txt"  # names pid=11362
+RAY_SUMMARY = GPULOGS / "ray-docs-raylet-summary.txt"  # raylet's periodic summary: names no pid
+
+
+def ray_pod(labels: dict | None = None, owner_kind: str | None = "RayCluster") -> dict:
+    """A KubeRay worker pod as the API server returns it: owned by its RayCluster, labelled with its node type."""
+    metadata: dict = {"uid": POD_UID, "namespace": "ml", "name": "train-0",
+                      "labels": {"ray.io/node-type": "worker", "ray.io/cluster": "raycluster-kuberay"}
+                      if labels is None else labels}
+    if owner_kind:
+        metadata["ownerReferences"] = [{"kind": owner_kind, "name": "raycluster-kuberay", "controller": True,
+                                        "apiVersion": "ray.io/v1", "uid": "7d0f4c55-0000-4000-8000-00000000aaaa"}]
+    return {"metadata": metadata, "status": {"phase": "Running"}}
+
+
+def with_ray_pod(replay: Replay, pod: dict | None = None) -> Any:
+    from oomwatch.workloads.kubeapi import PodIndex
+
+    index = PodIndex("node-1", client=None)
+    index.apply("ADDED", pod or ray_pod())
+    replay.pipeline.resolver.pod_index = index
+    return index
+
+
+def ray_worker_sigkilled(replay: Deaths) -> Effects:
+    """The Ray container's init and a worker (pid 3310152 in the container), exec'd; the worker SIGKILLed; the
+    death complete and the kernel log read past it: returns that read's effects (where the death is judged)."""
+    started(replay, 5001, 1, "ray", BOOT + 1.0)
+    started(replay, 5100, 3310152, "ray::hungry_hip", BOOT + 2.0)
+    replay.step(ProcessExited(5100, SIGKILL, BOOT + 5.0), BOOT + 5.0)
+    replay.advance_to(BOOT + 8.0)
+    return replay.step(KernelLog([], drained_at=BOOT + 8.1), BOOT + 8.1)
+
+
+def test_a_ray_worker_killed_by_rays_memory_monitor_is_named_from_raylet_out(tmp_path: Path) -> None:
+    """A SIGKILL in a Ray pod with no sender known: the pipeline asks for raylet.out (once), the agent's reader
+    finds it through a live process of the container, and raylet.out names the worker by its pid in the
+    container: the sender is Ray's memory monitor, and no OOM kill is counted."""
+    from oomwatch.pipeline import RAY_LOG_WAIT_SECONDS, RayLogRequest
+    from oomwatch.sources.raylet import raylet_log_read
+
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    with_ray_pod(replay)
+    fx = ray_worker_sigkilled(replay)
+    assert fx.read_ray_logs == [RayLogRequest(CONTAINER, CONTAINER)] and fx.deaths == []
+    assert replay.pipeline.next_deadline() == BOOT + 8.1 + RAY_LOG_WAIT_SECONDS  # never waits longer for it
+    # The container as the agent sees it: the raylet (pid 5003) still lives; raylet.out behind Ray's absolute
+    # session_latest link, in the container's own file tree.
+    (tmp_path / "cgroup" / CONTAINER.lstrip("/") / "cgroup.procs").write_text("5001\n5003\n")
+    session = tmp_path / "proc" / "5001" / "root" / "tmp" / "ray" / "session_2026-11-26_14-00-00_123456_1"
+    (session / "logs").mkdir(parents=True)
+    (session / "logs" / "raylet.out").write_text(RAY_SUMMARY.read_text() + "\n" + RAYLET_KILLS.read_text())
+    (session.parent / "session_latest").symlink_to("/tmp/ray/session_2026-11-26_14-00-00_123456_1")
+    read = raylet_log_read(CONTAINER, str(tmp_path / "cgroup") + CONTAINER, proc_root=str(tmp_path / "proc"))
+    assert read.killed_pids == {3310152, 3310153} and read.error is None
+    fx = replay.step(read, BOOT + 8.2)
+    assert fx.read_ray_logs == []  # once per death
+    replay.settle()  # (then the pod's status: an eviction would still be the more specific sender)
+    [death] = replay.deaths
+    assert (death.cause, death.sender, death.pid, death.comm, death.main) == (
+        "userspace", "ray-memory-monitor", 5100, None, False)
+    assert ("raylet.out: Ray's memory monitor killed pid 5100 (pid 3310152 in its container, as raylet.out "
+            "names it)") in death.evidence
+    assert "was killed with SIGKILL by Ray's memory monitor, not by the kernel's OOM killer" in death.explanation
+    no_oom_kills(replay)
+
+
+def test_raylet_out_naming_another_pid_leaves_the_sender_unknown(tmp_path: Path) -> None:
+    from oomwatch.events import RayLogRead
+    from oomwatch.deaths import ray_killed_pids
+
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    with_ray_pod(replay)
+    assert ray_worker_sigkilled(replay).read_ray_logs
+    replay.step(RayLogRead(CONTAINER, ray_killed_pids(RAY_OTHER_KILL.read_text())), BOOT + 8.2)  # pid=11362
+    replay.settle()
+    assert [(d.cause, d.sender) for d in replay.deaths] == [("userspace", "unknown")]
+    no_oom_kills(replay)
+
+
+def test_no_raylet_out_judges_without_it(tmp_path: Path) -> None:
+    """No Ray session where Ray puts it by default (or the container gone): the read says None, and the death is
+    judged at once with what else is known; no answer at all: judged when the wait ends."""
+    from oomwatch.pipeline import RAY_LOG_WAIT_SECONDS
+    from oomwatch.sources.raylet import raylet_log_read
+
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    with_ray_pod(replay, ray_pod(labels={"ray.io/node-type": "head"}, owner_kind=None))  # the label alone
+    assert ray_worker_sigkilled(replay).read_ray_logs
+    (tmp_path / "cgroup" / CONTAINER.lstrip("/") / "cgroup.procs").write_text("5001\n")
+    (tmp_path / "proc" / "5001" / "root" / "tmp").mkdir(parents=True)
+    read = raylet_log_read(CONTAINER, str(tmp_path / "cgroup") + CONTAINER, proc_root=str(tmp_path / "proc"))
+    assert read.killed_pids is None and read.error is None  # a missing file is normal: nothing to say
+    fx = replay.step(read, BOOT + 8.2)
+    assert fx.logs == [] and not replay.pipeline._awaiting_ray
+    replay.settle()
+    assert [(d.cause, d.sender) for d in replay.deaths] == [("userspace", "unknown")]
+
+    again, recorded = k8s_node(tmp_path / "again")
+    recorded.close()
+    with_ray_pod(again)
+    assert ray_worker_sigkilled(again).read_ray_logs
+    again.advance_to(BOOT + 8.1 + RAY_LOG_WAIT_SECONDS)  # no RayLogRead came: waited no longer
+    assert not again.pipeline._awaiting_ray
+    again.settle()
+    assert [(d.cause, d.sender) for d in again.deaths] == [("userspace", "unknown")]
+
+
+def test_a_refused_read_of_raylet_out_is_said_once(tmp_path: Path) -> None:
+    from oomwatch.events import RayLogRead
+
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    with_ray_pod(replay)
+    ray_worker_sigkilled(replay)
+    refused = "Permission denied reading /proc/5001/root (…)"
+    fx = replay.step(RayLogRead(CONTAINER, None, refused), BOOT + 8.2)
+    assert [message for _, message in fx.logs] == [
+        f"cannot read Ray's raylet.out: {refused}; deaths in Ray pods are judged without it (said once)"]
+    assert replay.step(RayLogRead("/elsewhere", None, refused), BOOT + 8.3).logs == []
+    replay.settle()
+    assert [(d.cause, d.sender) for d in replay.deaths] == [("userspace", "unknown")]
+
+
+def test_a_pod_without_ray_asks_for_no_raylet_out(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    with_ray_pod(replay, ray_pod(labels={"app": "trainer"}, owner_kind="StatefulSet"))
+    assert ray_worker_sigkilled(replay).read_ray_logs == []
+    replay.settle()
+    assert [(d.cause, d.sender) for d in replay.deaths] == [("userspace", "unknown")]
+    # Nor without the Kubernetes API (nothing says the pod runs Ray).
+    bare, recorded = k8s_node(tmp_path / "bare")
+    recorded.close()
+    assert ray_worker_sigkilled(bare).read_ray_logs == []
+    [death] = bare.deaths
+    assert (death.cause, death.sender) == ("userspace", "unknown")
+
+
+def test_a_stop_judges_a_death_waiting_for_raylet_out(tmp_path: Path) -> None:
+    replay, recorded = k8s_node(tmp_path)
+    recorded.close()
+    with_ray_pod(replay)
+    assert ray_worker_sigkilled(replay).read_ray_logs
+    fx = replay.step(Stop(), BOOT + 8.5)
+    assert fx.read_ray_logs == [] and [(d.cause, d.sender) for d in fx.deaths] == [("userspace", "unknown")]
+    assert not replay.pipeline._awaiting_ray and not replay.pipeline._awaiting_status
