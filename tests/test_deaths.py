@@ -31,6 +31,7 @@ from oomwatch.deaths import (
     needs_log,
     parse_oomd_xattr,
     ray_killed_pids,
+    runs_ray,
     runtime_kill_from_argv,
 )
 from oomwatch.model import Incident, KilledProcess, Workload
@@ -188,6 +189,19 @@ CASES = {
         Evidence(workload=TRAINER, ray_killed_pids=ray_killed_pids(
             (GPULOGS / "ray-docs-raylet-memory-monitor.txt").read_text())),
         "userspace", "ray-memory-monitor", 52000, None),
+    # In a container, a worker whose exec was not heard (no ns_pid): its host pid is no pid of the container's
+    # namespace, even where raylet.out names the same number.
+    "ray-kill-of-a-number-not-in-the-container": (
+        [Exit(pid=3310152, time=T, workload=CONTAINER, signal=SIGKILL, comm="ray::hungry_hip")],
+        Evidence(workload=TRAINER, ray_killed_pids=ray_killed_pids(
+            (GPULOGS / "ray-docs-raylet-memory-monitor.txt").read_text())),
+        "userspace", "unknown", 3310152, None),
+    # Ray on the host (a systemd unit): one pid namespace, the host pid is the one raylet.out names.
+    "ray-memory-monitor-on-the-host": (
+        [Exit(pid=3310153, time=T, workload=UNIT.cgroup, signal=SIGKILL, comm="ray::hungry_hip")],
+        Evidence(workload=UNIT, ray_killed_pids=ray_killed_pids(
+            (GPULOGS / "ray-docs-raylet-memory-monitor.txt").read_text())),
+        "userspace", "ray-memory-monitor", 3310153, None),
     # The Ray driver that exits 1 because its task was killed so.
     "ray-driver-exits": (
         container_exits(main_signal=None, code=1, others=0),
@@ -424,3 +438,13 @@ def test_kernel_kill_of_an_incident() -> None:
                        counted_in=(CONTAINER, 77, "oom_kill", 3))
     k = kernel_kill_of(counted)
     assert k.pids == frozenset() and k.cgroups == (CONTAINER,) and k.counted
+
+
+def test_which_pods_run_ray() -> None:
+    """KubeRay's kinds (a pod's job or controlling owner) or its node-type label on the pod."""
+    assert runs_ray(["RayCluster"], {})
+    assert runs_ray([None, "RayJob"], {})
+    assert runs_ray(["RayService"], {"app": "x"})
+    assert runs_ray([None, None], {"ray.io/node-type": "head"})
+    assert not runs_ray(["JobSet", "Job"], {"app": "ray"})
+    assert not runs_ray([], {})
