@@ -144,6 +144,23 @@ def test_block_6_12_matches_memory_stat_read_before_the_kill():
             assert abs(printed[key] - read[key]) <= 0.01 * total, (name, key)
 
 
+def test_block_read_whole_as_line_by_line():
+    """A block of the kernel's shape is read in one piece (every key kept, the same keys shared from one block
+    to the next); one of another shape line by line: the values are the same either way, a repeated key keeps
+    its last value, 0 or not."""
+    texts = kmsg_texts("linux-6.1-storm-ratelimited.kmsg")
+    blocks = [t for t in texts if t.startswith("anon ")][:3]
+    for block in blocks + blocks[:1]:
+        by_line = dict(parse_memory_stat_line(line) for line in block.split("\n"))
+        assert parse_memory_stat_block(block).values == by_line
+        assert parse_memory_stat_block(" " + block.replace("\n", " \n")).values == by_line  # line by line
+    assert parse_memory_stat_block("anon 5\nfile 0\nanon 0").values == {"anon": 0, "file": 0}
+    assert parse_memory_stat_block("anon 0\nfile 0\nanon 7").values == {"anon": 7, "file": 0}
+    assert parse_memory_stat_block("anon 5\nfile 0").values == {"anon": 5, "file": 0}
+    assert parse_memory_stat_block("anon 0\nfile 3").values == {"anon": 0, "file": 3}
+    assert parse_memory_stat_block("anon 007\nfile 00").values == {"anon": 7, "file": 0}
+
+
 def test_block_v1_bytes_and_v2_dialects():
     v1 = parse_memory_stat_block("cache 4096\nrss 8192\nshmem 0\ndirty 0\nunevictable 0")
     assert v1.dialect == "v1" and v1.printed_unit == "bytes" and v1.values["rss"] == 8192
@@ -210,6 +227,18 @@ def test_task_row_shape_from_the_header_not_the_numbers():
     row = "[    175]     0   175     8963     7015     6430      585         0   114688        0        0 w"
     assert parse_task_row(row, parse_task_table_header(HEADER_6_1)) is None
     assert parse_task_row(row, parse_task_table_header(HEADER_6_12)).rss_anon_pages == 6430
+
+
+def test_task_rows_read_by_headers_that_alternate():
+    """Each header's shape is kept once (a node prints the same header in every report): rows of two tables
+    read in turn each get their own columns."""
+    row_6_1 = "[    118]     0   118    54933    16454   200704        0             0 python3"
+    row_6_12 = "[    175]     0   175     8963     7015     6430      585         0   114688        0        0 w"
+    for _ in range(2):
+        assert parse_task_row(row_6_1, parse_task_table_header(HEADER_6_1)).pgtables_bytes == 200704
+        assert parse_task_row(row_6_12, parse_task_table_header(HEADER_6_12)).rss_file_pages == 585
+        assert parse_task_row(row_6_1, parse_task_table_header(HEADER_3_10)).nr_ptes == 200704
+    assert parse_task_row(row_6_1, TaskTableHeader(("uid", "tgid", "rss", "name"))) is None  # no swapents
 
 
 def test_task_row_3_10_and_a_name_with_spaces():

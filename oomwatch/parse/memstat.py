@@ -21,7 +21,10 @@ What the kernel prints (mm/memcontrol.c, mm/oom_kill.c, mm/show_mem.c; real capt
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator, Mapping, NamedTuple, Optional
+import sys
+from itertools import compress
+from operator import itemgetter
+from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 KIB = 1024
 # A real memory.stat has under 100 keys (6.12: 76); a block claiming more is not the kernel's. Values are u64.
@@ -31,12 +34,20 @@ MAX_STAT_KEYS = 256
 MAX_TASK_ROWS = 1 << 16
 _U64_DIGITS = 20
 _U64_MAX = (1 << 64) - 1
+_new_tuple = tuple.__new__  # a named tuple made from its fields in order, without keyword arguments
 
 _STATS_HEAD = "Memory cgroup stats for "
 _TASKS_HEAD = "Tasks state (memory values in pages):"
 _MEMINFO_HEAD = "Mem-Info:"
 _STAT_LINE = re.compile(r"([a-z][a-z0-9_]{0,63}) (\d{1,20})")
+# A whole block as the kernel prints it: `key value` lines, nothing around them, values that fit a u64 (19 digits
+# always do), at most MAX_STAT_KEYS lines. Read with one match and a split; any other block line by line.
+_KERNEL_BLOCK = re.compile(r"(?:[a-z][a-z0-9_]{0,63} \d{1,19}\n){0,%d}[a-z][a-z0-9_]{0,63} \d{1,19}"
+                           % (MAX_STAT_KEYS - 1))
 # The same, for every line of a block at once (the common case: a v2 block and nothing else)
+# The keys of the last such block, interned, and the block of them all 0 (None when a key repeats)
+_SHARED_KEYS: list = [[], None]
+_ZERO = "0"
 _STAT_LINES = re.compile(r"^[ \t]*([a-z][a-z0-9_]{0,63}) (\d{1,20})[ \t]*$", re.MULTILINE)
 _V1_PAIR = re.compile(r"([a-z][a-z0-9_]{0,63}):(\d{1,20})(KB|kB)?")
 _MEMINFO_PAIR = re.compile(r"([a-z][a-z0-9_()]{0,63}):(\d{1,20})")
@@ -134,6 +145,22 @@ def parse_memory_stat_block(text: str) -> Optional[MemoryStat]:
     """A whole block: `key value` lines (v2 keys in bytes, or a v1 file's keys in bytes), or v1's
     `key:NKB key:NKB` on one line (kB). None when any part is not such a pair, or for no pairs at all."""
     block = text.strip()
+    if _KERNEL_BLOCK.fullmatch(block):  # the kernel's own shape (one `key value` a line): no line-by-line reading
+        words = block.replace("\n", " ").split(" ")
+        keys, numbers = words[::2], words[1::2]
+        shared, zeros = _SHARED_KEYS
+        if keys != shared:  # a kernel prints the same keys in every block: one string each, pickled once a batch
+            shared = list(map(sys.intern, keys))
+            zeros = dict.fromkeys(shared, 0) if len(set(shared)) == len(shared) else None
+            _SHARED_KEYS[:] = shared, zeros
+        if zeros is None:
+            values = dict(zip(shared, map(int, numbers)))
+        else:  # most of a block is 0: the others are converted (int() is most of a block's cost)
+            nonzero = list(map(_ZERO.__ne__, numbers))
+            values = zeros.copy()
+            values.update(zip(compress(shared, nonzero), map(int, compress(numbers, nonzero))))
+        return MemoryStat(values, "v1" if ("cache" in values or "rss" in values) and "anon" not in values
+                          else "v2", "bytes")
     pairs = _STAT_LINES.findall(block)
     if pairs and len(pairs) == block.count("\n") + 1 and len(pairs) <= MAX_STAT_KEYS:  # one pair a line
         fast = {key: int(value) for key, value in pairs}
@@ -176,6 +203,20 @@ def parse_memory_stat_block(text: str) -> Optional[MemoryStat]:
 
 def parse_task_table_header(text: str) -> Optional[TaskTableHeader]:
     """The column header `[  pid  ]   uid  tgid total_vm      rss … name` (3.10's says `[ pid ]`)."""
+    if text in _HEADERS:  # every report of a node prints the same header
+        return _HEADERS[text]
+    header = _task_table_header(text)
+    if len(_HEADERS) >= _HEADERS_KEPT:
+        _HEADERS.clear()
+    _HEADERS[text] = header
+    return header
+
+
+_HEADERS: dict[str, Optional[TaskTableHeader]] = {}
+_HEADERS_KEPT = 16
+
+
+def _task_table_header(text: str) -> Optional[TaskTableHeader]:
     s = text.strip()
     if not s.startswith("[") or "]" not in s[:12]:
         return None
@@ -189,6 +230,41 @@ def parse_task_table_header(text: str) -> Optional[TaskTableHeader]:
     return TaskTableHeader(columns)
 
 
+class _RowShape(NamedTuple):
+    """How to read a row under one header: its count of numeric columns, where each TaskRow field is among
+    them (`absent`, one past the last, for a column the header lacks: it reads None), which columns must not
+    be negative (all but oom_score_adj) and where oom_score_adj is."""
+
+    numbers: int
+    fields: Callable[[Sequence[Optional[int]]], tuple]
+    non_negative: tuple[int, ...]
+    score_adj: Optional[int]
+
+
+_REQUIRED_COLUMNS = ("uid", "tgid", "total_vm", "rss", "swapents", "oom_score_adj")
+_ROW_FIELDS = ("uid", "tgid", "total_vm", "rss", "rss_anon", "rss_file", "rss_shmem", "pgtables_bytes", "nr_ptes",
+               "swapents", "oom_score_adj")  # TaskRow's fields between pid and name, by column name
+_SHAPES: dict[tuple[str, ...], Optional[_RowShape]] = {}
+
+
+def _row_shape(columns: tuple[str, ...]) -> Optional[_RowShape]:
+    """None for a header without a column every kernel prints (no row of it can be read)."""
+    if columns in _SHAPES:
+        return _SHAPES[columns]
+    numeric = columns[:-1]
+    at = {column: i for i, column in enumerate(numeric)}  # a repeated column: its last value, as a dict keeps
+    shape = None
+    if all(column in at for column in _REQUIRED_COLUMNS):
+        absent = len(numeric)
+        shape = _RowShape(len(numeric), itemgetter(*(at.get(f, absent) for f in _ROW_FIELDS)),
+                          tuple(i for i, column in enumerate(numeric) if column != "oom_score_adj"),
+                          at["oom_score_adj"])
+    if len(_SHAPES) >= _HEADERS_KEPT:
+        _SHAPES.clear()
+    _SHAPES[columns] = shape
+    return shape
+
+
 def parse_task_row(text: str, header: TaskTableHeader) -> Optional[TaskRow]:
     """One row `[    118]     0   118    54933    16454   200704        0             0 python3`, read by
     the columns of `header` (the table's own header line). The name is the rest of the line: a comm may hold
@@ -198,33 +274,28 @@ def parse_task_row(text: str, header: TaskTableHeader) -> Optional[TaskRow]:
     m = _ROW_HEAD.match(s)
     if not m:
         return None
-    numeric = header.columns[:-1]
-    parts = s[m.end():].split(None, len(numeric))
-    if len(parts) != len(numeric) + 1:
+    shape = _row_shape(header.columns)
+    if shape is None:
         return None
-    values: dict[str, int] = {}
-    for column, word in zip(numeric, parts):
-        try:
-            value = int(word)
-        except ValueError:
-            return None
-        if len(word) > _U64_DIGITS + 1 or (value < 0 and column != "oom_score_adj"):
-            return None
-        values[column] = value
-    if not -1000 <= values.get("oom_score_adj", 0) <= 1000:
+    n = shape.numbers
+    parts = s[m.end():].split(None, n)
+    if len(parts) != n + 1:
         return None
-    if _NUMBER_FIRST.match(parts[-1]):
-        return None  # more numbers than the header has columns: a row of another table's shape
+    name = parts.pop()
     try:
-        return TaskRow(
-            pid=int(m[1]), uid=values["uid"], tgid=values["tgid"], total_vm_pages=values["total_vm"],
-            rss_pages=values["rss"], rss_anon_pages=values.get("rss_anon"),
-            rss_file_pages=values.get("rss_file"), rss_shmem_pages=values.get("rss_shmem"),
-            pgtables_bytes=values.get("pgtables_bytes"), nr_ptes=values.get("nr_ptes"),
-            swapents_pages=values["swapents"], oom_score_adj=values["oom_score_adj"], name=parts[-1],
-        )
-    except KeyError:  # a header without one of the columns every kernel prints
+        values: list[Optional[int]] = list(map(int, parts))
+    except ValueError:
         return None
+    if max(map(len, parts)) > _U64_DIGITS + 1:
+        return None
+    if min(values) < 0 and any(values[i] < 0 for i in shape.non_negative):  # type: ignore[operator]
+        return None
+    if not -1000 <= values[shape.score_adj] <= 1000:  # type: ignore[operator]
+        return None
+    if _NUMBER_FIRST.match(name):
+        return None  # more numbers than the header has columns: a row of another table's shape
+    values.append(None)  # what a column the header lacks reads
+    return _new_tuple(TaskRow, (int(m[1]), *shape.fields(values), name))
 
 
 def is_task_table_title(text: str) -> bool:

@@ -169,9 +169,11 @@ class LiveKmsg:
         raws, self._part = self._part, []
         texts = []
         for raw in raws:  # the skipper matched each one's prefix (`PRI,SEQ,…;`): its text, less dictionary lines
-            head, _, rest = raw.partition(b";")
-            if int(head[:head.index(b",")]) >> 3 == 0:
-                texts.append(unescape(rest.split(b"\n", 1)[0]))
+            # facility 0 is a PRI below 8: one digit 0-7 as the kernel prints it, else read the number
+            if (raw[0] < 56 and raw[1] == 44) or int(raw[:raw.index(b",")]) >> 3 == 0:
+                start = raw.index(b";") + 1
+                end = raw.find(b"\n", start)
+                texts.append(unescape(raw[start:end] if end >= 0 else raw[start:]))
         return ReportMemory(len(raws), last_seq, first_report(texts))
 
     def wait(self, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
