@@ -649,6 +649,8 @@ def test_what_held_the_memory_is_the_kernel_s_report(e2e: E2ERun, name: str):
         assert pool["rss_bytes"] == sum(r.rss_pages * page for r in report.tasks if r.name == expect["pool_comm"])
     if expect.get("verdict") == "shmem":
         assert "stay charged after a restart" in inc["explanation"]
+    if "names" in expect:  # the volume behind the tmpfs, from the container's bundle
+        assert f"tmpfs or /dev/shm ({expect['names']}) held" in inc["explanation"], inc["explanation"]
     if name == "n_holders_writer":
         # The writer filled the page cache while it ran; the kernel reclaimed it before it killed (clean pages
         # go first), and the breakdown says what was left: the kernel's figure, not what was there before.
