@@ -9,10 +9,9 @@ batch j, the readings taken at or before the previous batch's `drained_at`, less
 the kills of batch j and later. The kernel's printk timestamps are never compared with a reading's time to
 decide order (printk's clock and the wall clock drift apart over uptime).
 
-READER_LAG: `drained_at` is when the agent's pump read the pipe of the reader child to its end
-(oomwatch/pump.py), not when the child read /dev/kmsg to its end: a record printed a moment before may still be
-in the child. The reconciler takes the same bound for the same lag (oomwatch.reconcile.SETTLE_SECONDS: a kill
-whose lines are still being read is not a kill without lines).
+READER_LAG: `drained_at` is when the reader last found /dev/kmsg at its end (the reader child says so with each
+batch: oomwatch/sources/kmsgproc.py CaughtUp), so no record printed before it is still on its way; a small margin
+stays for the clocks' reads around the reader's last, empty, read.
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ from collections import OrderedDict, deque
 from typing import Any, Optional
 
 from oomwatch.holders import STAT_KEYS_USED
-from oomwatch.reconcile import SETTLE_SECONDS
 
-READER_LAG = SETTLE_SECONDS
+READER_LAG = 0.05
 CONFIRMED_KEPT = 8  # confirmed readings kept per cgroup, newest last (an incident is built a few batches late)
 UNCONFIRMED_MAX = 8192  # readings waiting for a read of the log, all cgroups (none comes while it is not live)
 GONE_KEPT = 1024  # removed cgroups whose readings are kept: a kill's lines can come after its cgroup's removal

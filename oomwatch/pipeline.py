@@ -115,7 +115,7 @@ class Effects:
     publish: list[Incident] = field(default_factory=list)  # counted once by the store: for the sinks
     save: Optional[dict[str, Any]] = None  # the state to write (then step a StateSaved with the outcome)
     logs: list[tuple[int, str]] = field(default_factory=list)  # (logging level, message)
-    wake_kernel_log: bool = False  # syslog(2) is read only when woken: read now
+    wake_kernel_log: bool = False  # read now (syslog(2) is read only when woken; the reader child says its time)
     changed: bool = False  # the snapshot is out of date
     fatal: Optional[str] = None  # a source failed for good: the agent exits so that it is restarted
     done: bool = False  # Stop handled: the loop ends
@@ -185,7 +185,7 @@ class Pipeline:
         self._skip_upto = settings.skip_upto
         self._last_record = now
         self._caught_up = False
-        self._read_started = 0.0  # syslog(2): when the last complete read began
+        self._read_started = 0.0  # the last KernelLog's drained_at: the log is read to its end up to then
         self._reads = 0
         self._drained_at = 0.0  # the log was last read to its end with everything published at this time
         self._live = False  # the backlog already in the ring at start is not timed
@@ -201,6 +201,7 @@ class Pipeline:
         self._recent_kills: deque[KernelKill] = deque(maxlen=RECENT_KILLS)
         self._death_context: OrderedDict[str, _DeathContext] = OrderedDict()
         self._awaiting_log: dict[str, tuple[ExitGroup, float]] = {}
+        self._woken_for_settle: Optional[float] = None  # the settle time the kernel log's reader was woken for
         # key → (group, log finding, raylet.out's killed pids or None, until)
         self._awaiting_status: dict[str, tuple[ExitGroup, Any, Optional[frozenset], float]] = {}
         self._awaiting_ray: dict[str, tuple[ExitGroup, Any, float]] = {}  # key → (group, log finding, until)
@@ -512,11 +513,12 @@ class Pipeline:
             self.witness.add(correlator.flush(), now)  # quiet long enough: an incident still open is complete
         if self.witness.next_due() is not None:
             self._publish(self.witness.due(now), fx)
-        syslog = self.settings.kmsg_source == "syslog"
         if self._caught_up and not correlator.pending and not len(self.witness):
-            # /dev/kmsg wakes its reader with every record: caught up, the log is read up to now. syslog(2) is
-            # read only when woken: up to when its last read began.
-            self._drained_at = min(now, self._read_started) if syslog else now
+            # Read up to when its reader last found the log at its end (KernelLog.drained_at: the reader child's
+            # own time for /dev/kmsg, which can lag behind a storm by more than a second; when its last read
+            # began for syslog(2)), never up to now: a kill whose lines are still in the reader is not a kill
+            # without lines (the 50x4 storm of 2026-11-26 14:32 counted one twice so).
+            self._drained_at = min(now, self._read_started)
             self._live = self._live or self._reads > 0
         if self.reconciler.pending():
             settles_at = self.reconciler.settles_at()
@@ -526,9 +528,10 @@ class Pipeline:
                     fx.logs.append((logging.WARNING, f"{len(found)} OOM kill(s) counted by memory.events that no "
                                                      "kernel log record describes"))
                     self._publish(found, fx)
-            elif (settles_at is not None and syslog and self._caught_up
-                  and self._read_started < settles_at <= now):
-                fx.wake_kernel_log = True  # a read after the counters moved settles them
+            elif (settles_at is not None and self.settings.kmsg_source is not None and self._caught_up
+                  and self._read_started < settles_at <= now and self._woken_for_settle != settles_at):
+                self._woken_for_settle = settles_at
+                fx.wake_kernel_log = True  # a read (or the reader child's word) after the counters moved settles them
         self._advance_deaths(fx)
         next_expiry = self.store.next_expiry()
         if next_expiry is not None and next_expiry <= now:

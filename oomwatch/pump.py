@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Optional
 
 from oomwatch.events import KernelLog, KernelLogEnded
-from oomwatch.sources.logitems import KmsgUnavailable, Lost, Skipped
+from oomwatch.sources.logitems import CaughtUp, KmsgUnavailable, Lost, Skipped
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +126,14 @@ class KernelLogPump:
         while True:
             started = time.time()
             items = list(reader.read_available())
+            drained: Optional[float] = started if self.syslog else time.time()
+            if getattr(reader, "reports_caught_up", False):
+                # The reader child says when it last read /dev/kmsg to its end: records printed before then are
+                # all here or before, which the pump's own clock cannot say (the child can lag behind a storm).
+                marks = [item.at for item in items if isinstance(item, CaughtUp)]
+                if marks:
+                    items = [item for item in items if not isinstance(item, CaughtUp)]
+                drained = max(marks) if marks else None
             for item in reversed(items):  # the cursor a reopen resumes after
                 if isinstance(item, Skipped):
                     self.last_seq = item.last_seq
@@ -136,8 +144,10 @@ class KernelLogPump:
                     break
             self.read_started_wall = started
             self.reads += 1
-            # Read to its end: /dev/kmsg up to now; syslog(2) up to when the read began.
-            self._send(KernelLog(items, started if self.syslog else time.time()))
+            # Read to its end: /dev/kmsg up to now; syslog(2) up to when the read began; the reader child up to
+            # when it said (None: more is coming). A wake with nothing read waits for the child's answer.
+            if items or drained is not None:
+                self._send(KernelLog(items, drained))
             if self._stop.is_set():
                 return
             reader.wait(None, self._wake_r)

@@ -171,8 +171,11 @@ class Replay:
     def __init__(self, settings: Optional[Settings] = None, *, now: float = 0.0, store: Optional[Store] = None,
                  resolver: Optional[WorkloadResolver] = None, accounts: Optional[dict] = None,
                  single_process_oom_kill: str = "unknown", sinks: Sequence[Any] = (),
-                 state_sink: Any = None) -> None:
+                 state_sink: Any = None, answer_wakes: bool = True) -> None:
         self.store = store or Store()
+        # A wake of the kernel log's reader is answered as the live reader answers it on a log with nothing new:
+        # a read to its end now (KernelLog([], drained_at=now)). False: the test steps the reads itself.
+        self.answer_wakes = answer_wakes
         self.now = now
         self.pipeline = Pipeline(settings or live_settings(), self.store,
                                  resolver or WorkloadResolver(RuntimeNames(read_files=False)), now=now,
@@ -207,6 +210,8 @@ class Replay:
                 for sink in self.sinks:
                     sink.flush(fx.save)
                 self.step(StateSaved(self.state_sink.error))
+        if fx.wake_kernel_log and self.answer_wakes and self.pipeline.settings.kmsg_source == "kmsg":
+            self.step(KernelLog([], drained_at=self.now))
         return fx
 
     @classmethod

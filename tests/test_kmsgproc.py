@@ -85,3 +85,68 @@ def test_a_dead_child_is_an_error_the_pump_can_report() -> None:
             list(child.read_available())
             time.sleep(0.05)
     child.close()
+
+
+def test_the_child_says_when_it_read_the_log_to_its_end_and_answers_an_ask_on_a_quiet_log() -> None:
+    """Each frame after a read to the end carries CaughtUp (the time every record printed before it had been read:
+    the agent cannot tell that from its own clock when the child lags behind a storm); a quiet log sends nothing
+    by itself, and an ask (the pump's wake) is answered with a fresh CaughtUp and no records."""
+    from oomwatch.sources.logitems import CaughtUp
+
+    kmsg = SeqpacketKmsg()
+    sent_at = time.time()
+    kmsg.send(STORM[:40])
+    child = KmsgChild("/dev/kmsg-test", reader_factory=kmsg.factory)
+    child.open()
+    try:
+        items: list = []
+        wait_for(lambda: items.extend(child.read_available()) or any(isinstance(i, CaughtUp) for i in items),
+                 timeout=20)
+        first = [i for i in items if isinstance(i, CaughtUp)][-1]
+        assert sent_at <= first.at <= time.time()
+        assert isinstance(items[-1], CaughtUp)  # after the records of its frame
+        assert max(i.seq if isinstance(i, KmsgRecord) else i.last_seq for i in items
+                   if isinstance(i, (KmsgRecord, Skipped))) == seq(STORM[39])  # all 40 read before it
+        assert child.wait(0.3) is False and list(child.read_available()) == []  # quiet: nothing by itself
+        asked_at = time.time()
+        child.ask()
+        answer: list = []
+        wait_for(lambda: answer.extend(child.read_available()) or bool(answer), timeout=20)
+        assert len(answer) == 1 and isinstance(answer[0], CaughtUp) and answer[0].at >= asked_at
+        kmsg.send(STORM[40:41])  # a record after the answer: its frame says a later time
+        later: list = []
+        wait_for(lambda: later.extend(child.read_available()) or any(isinstance(i, CaughtUp) for i in later),
+                 timeout=20)
+        assert later[-1].at > answer[0].at
+    finally:
+        child.close()
+
+
+def test_the_pump_takes_the_childs_time_for_drained_at_and_waits_for_its_answer() -> None:
+    """KernelLog.drained_at is the child's CaughtUp (stripped from the items), never the pump's clock; a wake
+    with nothing read sends no KernelLog until the child's answer comes."""
+    from oomwatch.events import KernelLog
+    from oomwatch.pump import KernelLogPump
+    from oomwatch.sources.logitems import CaughtUp
+
+    kmsg = SeqpacketKmsg()
+    kmsg.send(STORM[:10])
+    child = KmsgChild("/dev/kmsg-test", reader_factory=kmsg.factory)
+    child.open()
+    events: list = []
+    pump = KernelLogPump(child, events.append)
+    pump.start()
+    try:
+        wait_for(lambda: any(e.drained_at is not None for e in events if isinstance(e, KernelLog)), timeout=20)
+        logs = [e for e in events if isinstance(e, KernelLog)]
+        assert not any(isinstance(i, CaughtUp) for e in logs for i in e.items)
+        drained = [e.drained_at for e in logs if e.drained_at is not None]
+        n = len(logs)
+        woken_at = time.time()
+        pump.wake()
+        wait_for(lambda: len([e for e in events if isinstance(e, KernelLog)]) > n, timeout=20)
+        answer = [e for e in events if isinstance(e, KernelLog)][n]
+        assert answer.items == [] and answer.drained_at >= woken_at > drained[-1]
+    finally:
+        pump.stop()
+        child.close()

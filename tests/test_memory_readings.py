@@ -169,7 +169,7 @@ def test_the_freshest_confirmed_reading_wins_and_an_unconfirmed_one_is_never_sho
     replay.step(MemoryStatRead(CG, 100.5, stat_with_anon(2 << 20)), now=100.5)
     replay.step(KernelLog([], drained_at=101.6), now=101.6)  # covers the first two, less the reader's lag
     # Taken after that read: the kill may have come before it (the reaper frees the victim's memory at once)
-    replay.step(MemoryStatRead(CG, 101.0, stat_with_anon(3 << 20)), now=101.0)
+    replay.step(MemoryStatRead(CG, 101.6 - READER_LAG / 2, stat_with_anon(3 << 20)), now=101.6)
     replay.step(KernelLog(kill_records(10, 101.7, 4242), drained_at=101.8), now=101.8)
     replay.settle()
     (incident,) = replay.published

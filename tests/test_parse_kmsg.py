@@ -272,7 +272,8 @@ def test_live_reader_counts_an_overrun_from_the_sequence_gap_and_keeps_reading(m
     from oomwatch.sources import kmsg as kmsg_source
 
     script = [b"6,10,1,-;before\n", BrokenPipeError(errno.EPIPE, "overrun"), b"6,15,2,-;after the gap\n",
-              b"6,16,3,-;next\n", BlockingIOError(errno.EAGAIN, "empty")]
+              b"6,16,3,-;next\n", BlockingIOError(errno.EAGAIN, "empty"),
+              BlockingIOError(errno.EAGAIN, "still empty")]  # (the second read confirms the end: caught_up_at)
 
     def fake_read(fd, size):
         item = script.pop(0)

@@ -13,6 +13,7 @@ import os
 import select
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from typing import BinaryIO, Iterator, Optional, Union
 
@@ -72,6 +73,10 @@ class LiveKmsg:
         self._skip = report_skipper()  # remembers a report in progress across reads
         self._part: list[bytes] = []  # the memory part of the report in progress (it can span two reads)
         self.jumps = 0  # times the reader jumped to the newest record rather than chase the tail
+        # When a read last found the log at its end (epoch seconds), taken so that every record printed before it
+        # had been read: the time after one read found nothing, confirmed by a second read that found nothing
+        # (a record printed while the first returned would be there for the second).
+        self.caught_up_at: Optional[float] = None
 
     def open(self, after_seq: Optional[int] = None) -> None:
         """Open; with `after_seq`, records up to it are skipped and a gap after it is reported as lost."""
@@ -94,11 +99,16 @@ class LiveKmsg:
         # Locals: this loop runs once per record of a storm, most of them skipped.
         read, fd, size = os.read, self.fd, READ_SIZE
         skip = self._skip if self.prefilter else None
+        empty_at: Optional[float] = None
         for _ in range(limit):
             try:
                 raw = read(fd, size)
             except BlockingIOError:
-                break
+                if empty_at is not None:
+                    self.caught_up_at = empty_at
+                    break
+                empty_at = time.time()
+                continue
             except BrokenPipeError:
                 # The gap is measured from the sequence numbers of the next record we get. Overwritten again
                 # within a few records: the reader is more than a ring behind and would only chase the tail;
@@ -115,6 +125,7 @@ class LiveKmsg:
                 raise
             if not raw:
                 break
+            empty_at = None
             since_epipe += 1
             if skip is not None:
                 seq = skip(raw)

@@ -26,7 +26,7 @@ from collections import deque
 from typing import Iterator, Optional
 
 from oomwatch.sources.kmsg import LiveKmsg, wait_readable
-from oomwatch.sources.logitems import KmsgItem, KmsgUnavailable, Lost
+from oomwatch.sources.logitems import CaughtUp, KmsgItem, KmsgUnavailable, Lost
 
 _HEADER = struct.Struct("<I")
 # The reader asks for this nice value where it may (CAP_SYS_NICE: root on a host, the systemd unit): during a
@@ -46,13 +46,18 @@ class KmsgChild:
         self._reader_factory = reader_factory  # tests pass a stand-in /dev/kmsg
         self.pid: Optional[int] = None
         self._fd: Optional[int] = None
+        self._ask: Optional[int] = None
         self._buf = bytearray()
+        self.reports_caught_up = True  # its batches carry CaughtUp: the pump's drained_at comes from them
 
     def open(self, after_seq: Optional[int] = None) -> None:
         reader = self._reader_factory(self.path)
         reader.prefilter = True
         reader.open(after_seq=after_seq)  # raises KmsgUnavailable here, in the agent, with its reason
         r, w = os.pipe()
+        # The agent → child direction: a byte asks the child when it last read the log to its end (CaughtUp), so
+        # that a quiet log's drain time can move on without the child waking for nothing.
+        ask_r, ask_w = os.pipe()
         try:
             import fcntl
 
@@ -67,21 +72,27 @@ class KmsgChild:
             gc.unfreeze()
         if pid == 0:  # the child: never returns
             os.close(r)
+            os.close(ask_w)
             code = 0
             try:
-                _child(reader, w)
+                _child(reader, w, ask_r)
             except BaseException:
                 code = 1
             os._exit(code)
         os.close(w)
+        os.close(ask_r)
         reader.close()
         os.set_blocking(r, False)
-        self.pid, self._fd = pid, r
+        os.set_blocking(ask_w, False)
+        self.pid, self._fd, self._ask = pid, r, ask_w
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._ask is not None:
+            os.close(self._ask)
+            self._ask = None
         if self.pid is not None:
             try:
                 os.kill(self.pid, signal.SIGKILL)
@@ -111,11 +122,31 @@ class KmsgChild:
         del buf[:at]
 
     def wait(self, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
+        """As LiveKmsg's; a wake also asks the child when it last read the log to its end (its answer comes as a
+        frame that holds a CaughtUp)."""
         assert self._fd is not None
-        return wait_readable(self._fd, timeout, wake_fd)
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        if wake_fd is not None:
+            poller.register(wake_fd, select.POLLIN)
+        events = poller.poll(None if timeout is None else int(timeout * 1000))
+        if wake_fd is not None and any(ready == wake_fd for ready, _ in events):
+            try:
+                os.read(wake_fd, 4096)
+            except BlockingIOError:
+                pass
+            self.ask()
+        return any(ready == self._fd for ready, _ in events)
+
+    def ask(self) -> None:
+        if self._ask is not None:
+            try:
+                os.write(self._ask, b"?")
+            except (BlockingIOError, BrokenPipeError):
+                pass  # asked already (the pipe is full), or the child is gone (the next read says so)
 
 
-def _child(reader: LiveKmsg, out_fd: int) -> None:
+def _child(reader: LiveKmsg, out_fd: int, ask_fd: Optional[int] = None) -> None:
     """Read, pre-filter, forward; hold batches while the agent is busy; exit when it is gone."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -132,11 +163,21 @@ def _child(reader: LiveKmsg, out_fd: int) -> None:
     held_items = 0
     pending, pending_items = b"", 0
     assert reader.fd is not None
+    if ask_fd is not None:
+        os.set_blocking(ask_fd, False)
+    # The agent asked when the log was last read to its end (at the start: it waits for that to be caught up);
+    # the last time sent.
+    asked, told = True, None
     while True:
-        items = list(reader.read_available(limit=4096))
+        items: list = list(reader.read_available(limit=4096))
+        if items and held_items + len(items) > MAX_HELD:
+            items = [Lost(sum(getattr(i, "count", 1) or 1 for i in items))]
+        caught_up = reader.caught_up_at
+        if (items or asked) and caught_up is not None and caught_up != told:
+            items.append(CaughtUp(caught_up))  # every record read before it is in this frame or an earlier one
+            told = caught_up
+        asked = False
         if items:
-            if held_items + len(items) > MAX_HELD:
-                items = [Lost(sum(getattr(i, "count", 1) or 1 for i in items))]
             data = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
             held.append((_HEADER.pack(len(data)) + data, len(items)))
             held_items += len(items)
@@ -158,8 +199,17 @@ def _child(reader: LiveKmsg, out_fd: int) -> None:
             continue  # more may be there: read again before sleeping
         poller = select.poll()
         poller.register(reader.fd, select.POLLIN)
+        if ask_fd is not None:
+            poller.register(ask_fd, select.POLLIN)
         if pending or held:
             poller.register(out_fd, select.POLLOUT)
         for fd, ev in poller.poll():
             if fd == out_fd and ev & (select.POLLERR | select.POLLHUP):
                 return
+            if fd == ask_fd:
+                try:
+                    if not os.read(ask_fd, 4096):
+                        return  # the agent closed its end: it is gone
+                except BlockingIOError:
+                    pass
+                asked = True

@@ -6,12 +6,19 @@ without importing each other.
 
 from __future__ import annotations
 
-from typing import Union
+from typing import NamedTuple, Union
 
 from oomwatch.model import Garbled, KmsgRecord, Lost, ReportMemory, Skipped  # in model: the pipeline takes them too
 
 
 KmsgItem = Union[KmsgRecord, Lost, Garbled, Skipped, ReportMemory]
+
+
+class CaughtUp(NamedTuple):
+    """The reader child read /dev/kmsg to its end at `at` (epoch seconds): every record printed before then is in
+    this frame or an earlier one. The pump takes it for the batch's `drained_at` and hands it on no further."""
+
+    at: float
 
 
 class KmsgUnavailable(Exception):
