@@ -40,6 +40,13 @@ def events_file(tree: Path, **counts: int) -> None:
         (tree / CG.lstrip("/") / name).write_text(text)
 
 
+def started_source(tree: Path, got: list, clocks: Clocks) -> CgroupSource:
+    source = CgroupSource(CgroupFS(str(tree)), WorkloadResolver(), got.append, clock=lambda: clocks.mono,
+                          wall_clock=lambda: clocks.wall)
+    source.start()
+    return source
+
+
 def test_the_source_reads_memory_stat_at_the_limit_at_a_bounded_rate(tmp_path: Path) -> None:
     tree = tmp_path / "cgroup"
     leaf = tree / CG.lstrip("/")
@@ -49,9 +56,7 @@ def test_the_source_reads_memory_stat_at_the_limit_at_a_bounded_rate(tmp_path: P
     events_file(tree)
     got: list = []
     clocks = Clocks()
-    source = CgroupSource(CgroupFS(str(tree)), WorkloadResolver(), got.append, clock=lambda: clocks.mono,
-                          wall_clock=lambda: clocks.wall)
-    source.start()
+    source = started_source(tree, got, clocks)
     try:
         def reads(**counts: int) -> list[MemoryStatRead]:
             events_file(tree, **counts)
@@ -115,9 +120,7 @@ def test_the_node_reads_at_most_its_budget_of_memory_stat_a_second(tmp_path: Pat
         (tree / path.lstrip("/") / "memory.stat").write_text(STAT_TEXT)
     got: list = []
     clocks = Clocks()
-    source = CgroupSource(CgroupFS(str(tree)), WorkloadResolver(), got.append, clock=lambda: clocks.mono,
-                          wall_clock=lambda: clocks.wall)
-    source.start()
+    source = started_source(tree, got, clocks)
     try:
         def at_limit(max_events: int) -> list[str]:
             got.clear()

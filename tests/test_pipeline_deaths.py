@@ -404,9 +404,9 @@ def with_pod_index(replay: Replay) -> Any:
     return index
 
 
-def test_the_kubelets_eviction_is_named_once_the_pods_status_says_it(tmp_path: Path) -> None:
-    """The kubelet stops an evicted pod's containers (through the runtime) before the API shows "Evicted": a
-    SIGKILL death of a pod the index knows waits for its status, and is the kubelet's eviction once it comes."""
+def runtime_stop_in_an_indexed_pod(tmp_path: Path) -> tuple[Deaths, Any]:
+    """The runtime's `runc kill <id> 9` of the container of a pod the index knows, the main process's SIGKILL,
+    and the kernel log read past it: the death is complete, its sender so far the runtime's stop."""
     replay, recorded = k8s_node(tmp_path)
     recorded.close()
     index = with_pod_index(replay)
@@ -417,6 +417,13 @@ def test_the_kubelets_eviction_is_named_once_the_pods_status_says_it(tmp_path: P
     replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
     replay.advance_to(BOOT + 8.0)
     log_read(replay, BOOT + 8.1)
+    return replay, index
+
+
+def test_the_kubelets_eviction_is_named_once_the_pods_status_says_it(tmp_path: Path) -> None:
+    """The kubelet stops an evicted pod's containers (through the runtime) before the API shows "Evicted": a
+    SIGKILL death of a pod the index knows waits for its status, and is the kubelet's eviction once it comes."""
+    replay, index = runtime_stop_in_an_indexed_pod(tmp_path)
     assert replay.deaths == []  # complete, but the pod's status may still say who sent it
     index.apply("MODIFIED", evicted_pod("Evicted"))
     replay.settle()
@@ -427,16 +434,7 @@ def test_the_kubelets_eviction_is_named_once_the_pods_status_says_it(tmp_path: P
 
 
 def test_a_pod_that_is_not_evicted_keeps_the_runtimes_stop_after_the_wait(tmp_path: Path) -> None:
-    replay, recorded = k8s_node(tmp_path)
-    recorded.close()
-    with_pod_index(replay)
-    started(replay, 5001, 1, "python3", BOOT + 1.0)
-    container_id = CONTAINER.rsplit("/", 1)[1]
-    argv = ("runc", "--root", "/run/containerd/runc/k8s.io", "kill", container_id, "9")
-    replay.step(ProcessExeced(7001, "/system.slice/containerd.service", None, "runc", argv), BOOT + 4.9)
-    replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
-    replay.advance_to(BOOT + 8.0)
-    log_read(replay, BOOT + 8.1)
+    replay, _ = runtime_stop_in_an_indexed_pod(tmp_path)
     assert replay.deaths == [] and replay.pipeline.next_deadline() == BOOT + 8.1 + POD_STATUS_WAIT_SECONDS
     replay.settle()
     [death] = replay.deaths

@@ -85,19 +85,21 @@ def event_name(pod: str, key: tuple[Any, ...]) -> str:
     return f"{pod[: _MAX_NAME - len(digest) - 1]}.{digest}"
 
 
-def event_for_incident(incident: Incident, node_name: str) -> Optional[dict[str, Any]]:
+def event_for_incident(incident: Incident, node_name: str, build=None) -> Optional[dict[str, Any]]:
     """The core/v1 Event (as JSON) to post for an incident, or None when its victim is not in a known
-    pod (a Slurm job, a systemd unit, a pod whose name could not be learned)."""
-    return _event(incident.workload, incident.key, incident.time,
-                  REASON_GROUP if incident.kind == "group" else REASON_SINGLE, incident.explanation, node_name)
+    pod (a Slurm job, a systemd unit, a pod whose name could not be learned). `build`: _event (the pod's), or
+    _job_event (its job's)."""
+    return (build or _event)(incident.workload, incident.key, incident.time,
+                             REASON_GROUP if incident.kind == "group" else REASON_SINGLE, incident.explanation,
+                             node_name)
 
 
-def event_for_death(death: Death, node_name: str) -> Optional[dict[str, Any]]:
+def event_for_death(death: Death, node_name: str, build=None) -> Optional[dict[str, Any]]:
     """The Event for a death's verdict in a pod (reason by cause), or None outside a known pod."""
     if death.workload is None:
         return None
-    return _event(death.workload, ("death",) + death.key, death.time, DEATH_REASONS[death.cause],
-                  death.explanation, node_name)
+    return (build or _event)(death.workload, ("death",) + death.key, death.time, DEATH_REASONS[death.cause],
+                             death.explanation, node_name)
 
 
 def job_reference(workload: Workload) -> Optional[dict[str, str]]:
@@ -128,16 +130,12 @@ def job_reference(workload: Workload) -> Optional[dict[str, str]]:
 
 def job_event_for_incident(incident: Incident, node_name: str) -> Optional[dict[str, Any]]:
     """The Event on the job of the incident's pod (job_reference), or None when the pod has no job."""
-    return _job_event(incident.workload, incident.key, incident.time,
-                      REASON_GROUP if incident.kind == "group" else REASON_SINGLE, incident.explanation, node_name)
+    return event_for_incident(incident, node_name, build=_job_event)
 
 
 def job_event_for_death(death: Death, node_name: str) -> Optional[dict[str, Any]]:
     """The Event on the job of a death's pod, reason by cause; None when the pod has no job."""
-    if death.workload is None:
-        return None
-    return _job_event(death.workload, ("death",) + death.key, death.time, DEATH_REASONS[death.cause],
-                      death.explanation, node_name)
+    return event_for_death(death, node_name, build=_job_event)
 
 
 def _job_event(workload: Workload, key: tuple, time: float, reason: str, message: str,

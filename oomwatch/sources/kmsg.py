@@ -15,7 +15,7 @@ import stat
 import sys
 import time
 from dataclasses import dataclass
-from typing import BinaryIO, Iterator, Optional, Union
+from typing import BinaryIO, Callable, Iterator, Optional, Union
 
 from oomwatch.model import KmsgRecord
 from oomwatch.parse.kmsg import (
@@ -193,9 +193,10 @@ class LiveKmsg:
         return wait_readable(self.fd, timeout, wake_fd)
 
 
-def wait_readable(fd: int, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
+def wait_readable(fd: int, timeout: Optional[float], wake_fd: Optional[int] = None,
+                  on_wake: Optional[Callable[[], None]] = None) -> bool:
     """Block until `fd` is readable (True), `timeout` passes, or `wake_fd` becomes readable (it is drained, or
-    the next wait would return at once)."""
+    the next wait would return at once; then `on_wake()` is called)."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     if wake_fd is not None:
@@ -206,6 +207,8 @@ def wait_readable(fd: int, timeout: Optional[float], wake_fd: Optional[int] = No
             os.read(wake_fd, 4096)
         except BlockingIOError:
             pass
+        if on_wake is not None:
+            on_wake()
     return any(ready == fd for ready, _ in events)
 
 

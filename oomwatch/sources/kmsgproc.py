@@ -125,18 +125,7 @@ class KmsgChild:
         """As LiveKmsg's; a wake also asks the child when it last read the log to its end (its answer comes as a
         frame that holds a CaughtUp)."""
         assert self._fd is not None
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN)
-        if wake_fd is not None:
-            poller.register(wake_fd, select.POLLIN)
-        events = poller.poll(None if timeout is None else int(timeout * 1000))
-        if wake_fd is not None and any(ready == wake_fd for ready, _ in events):
-            try:
-                os.read(wake_fd, 4096)
-            except BlockingIOError:
-                pass
-            self.ask()
-        return any(ready == self._fd for ready, _ in events)
+        return wait_readable(self._fd, timeout, wake_fd, on_wake=self.ask)
 
     def ask(self) -> None:
         if self._ask is not None:
