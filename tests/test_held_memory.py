@@ -10,11 +10,11 @@ import socket
 import pytest
 
 from oomwatch.config import Config
-from oomwatch.holders import BREAKDOWN_KEYS, breakdown, page_size_of
+from oomwatch.holders import BREAKDOWN_KEYS, STAT_KEYS_USED, breakdown, held_memory, page_size_of
 from oomwatch.inspect import read_incidents, render_text
 from oomwatch.model import KmsgRecord, ReportMemory, Skipped
 from oomwatch.node import make_correlator
-from oomwatch.parse.kmsg import parse_kmsg_record
+from oomwatch.parse.kmsg import TextLogStats, parse_kmsg_record, parse_text_log, text_lines
 from oomwatch.parse.memstat import memory_reports, parse_memory_stat_block
 from oomwatch.sources.kmsg import LiveKmsg
 from oomwatch.workloads import WorkloadResolver
@@ -22,6 +22,9 @@ from tests.conftest import FIXTURES, raw_records
 
 KMSG = FIXTURES / "kmsg"
 CAPTURES = sorted(KMSG.glob("*.kmsg"))
+# every capture and pasted log with OOM reports: raw records (.kmsg) and text (dmesg, journal, syslog)
+LOGS = CAPTURES + sorted(p for p in [*KMSG.iterdir(), *(FIXTURES / "corpus").iterdir()]
+                         if p.suffix in (".dmesg", ".log", ".journal"))
 
 
 def read_like_the_agent(raw: list[bytes]) -> list:
@@ -65,7 +68,8 @@ def test_the_reader_hands_on_every_report_s_memory_part_parsed(capture):
     raw = raw_records(capture)
     items = read_like_the_agent(raw)
     parsed = [i.report for i in items if isinstance(i, ReportMemory)]
-    assert parsed == list(memory_reports(r.text for r in every_record(raw)))
+    # the reader keeps the lean form: of the stats block, only the keys the breakdown reads
+    assert parsed == list(memory_reports((r.text for r in every_record(raw)), keys=STAT_KEYS_USED))
     assert sum(i.count for i in items if isinstance(i, Skipped)) + sum(
         isinstance(i, KmsgRecord) for i in items) == len(raw)  # every record is counted once
 
@@ -78,6 +82,35 @@ def test_incidents_are_the_same_from_the_live_reader_and_from_every_record(captu
     for incident in live + whole:
         incident.pop("detected_at"), incident.pop("latency_seconds")
     assert live == whole
+
+
+def log_texts(path) -> list[str]:
+    if path.suffix == ".kmsg":
+        return [r.text for r in every_record(raw_records(path))]
+    return [r.text for r in parse_text_log(text_lines([path.read_bytes()], TextLogStats()), year=2020)]
+
+
+@pytest.mark.parametrize("log", LOGS, ids=lambda p: p.name)
+def test_the_lean_form_says_the_same_as_the_full_form(log):
+    """What the incident says of held memory (breakdown, top holders, pools, verdict and its sentence) is the
+    same from the reader's lean form (keys=STAT_KEYS_USED) as from every key of the block."""
+    texts = log_texts(log)
+    full = list(memory_reports(texts))
+    lean = list(memory_reports(texts, keys=STAT_KEYS_USED))
+    assert len(lean) == len(full)
+    for lean_report, full_report in zip(lean, full):
+        # the task rows and node counters are kept whole
+        assert lean_report._replace(stats=None) == full_report._replace(stats=None)
+        assert (lean_report.stats is None) == (full_report.stats is None)
+        if full_report.stats is not None:
+            assert lean_report.stats.dialect == full_report.stats.dialect
+            assert lean_report.stats.values == {k: v for k, v in full_report.stats.values.items()
+                                                if k in STAT_KEYS_USED}
+        tasks = full_report.tasks
+        for limit in (None, 1 << 30):
+            said = [held_memory(r, limit_bytes=limit, killed_pids=[t.pid for t in tasks[-1:]], page_size=4096,
+                                oom_cgroup=r.cgroup) for r in (lean_report, full_report)]
+            assert said[0] == said[1]
 
 
 def by_cgroup(capture: str) -> dict:

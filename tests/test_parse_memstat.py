@@ -346,6 +346,46 @@ def test_reports_none_in_a_log_without_them():
     assert list(memory_reports(text_log(CORPUS / "redis-2174-rhel6-syslog-no-ts.log"))) == []
 
 
+# ---- the lean form (keys=: the live reader keeps only what the breakdown reads) ----------------------------
+
+LEAN = frozenset(("anon", "file", "shmem", "cache"))
+
+
+@pytest.mark.parametrize("text", [
+    "anon 1\nfile 20\nshmem 0\nslab 7\nanon 5",  # the kernel's shape, a repeated key: its last value
+    "file 3\nslab 4",  # one kept key
+    "slab 4\npercpu 9",  # none kept: still a block
+    " anon 1 \nfile 2",  # not the kernel's shape: read line by line
+    "cache:32KB rss:524188KB shmem:0KB",  # v1 on one line, kB
+    "cache 4096\nrss 8192",  # a v1 file, bytes
+])
+def test_a_lean_block_is_the_full_block_s_kept_keys(text):
+    full, lean = parse_memory_stat_block(text), parse_memory_stat_block(text, LEAN)
+    assert (lean.dialect, lean.printed_unit) == (full.dialect, full.printed_unit)
+    assert lean.values == {k: v for k, v in full.values.items() if k in LEAN}
+
+
+def test_a_lean_block_is_refused_where_the_full_one_is():
+    assert parse_memory_stat_block("anon 1\nfile x", LEAN) is None
+    assert parse_memory_stat_block("anon 99999999999999999999", LEAN) is None  # over a u64
+
+
+def test_lean_reports_keep_a_block_with_none_of_the_keys():
+    texts = ["Memory cgroup stats for /a:", "slab 4", "percpu 8", "Tasks state (memory values in pages):",
+             HEADER_6_1, "[    118]     0   118    54933    16454   200704        0             0 python3"]
+    (full,) = memory_reports(texts)
+    (lean,) = memory_reports(texts, keys=LEAN)
+    assert lean.stats == MemoryStat({}, "v2", "bytes") and full.stats.values == {"slab": 4, "percpu": 8}
+    assert lean.tasks == full.tasks
+
+
+def test_lean_reports_6_12_and_v1():
+    (pool, *_) = memory_reports(kmsg_texts("linux-6.12-holders.kmsg"), keys=LEAN)
+    assert set(pool.stats.values) == {"anon", "file", "shmem"}
+    (v1,) = memory_reports(text_log(CORPUS / "k8s-56891-rhel7-3.10-dmesg-T.log"), keys=LEAN)
+    assert v1.stats.dialect == "v1" and set(v1.stats.values) <= LEAN and "cache" in v1.stats.values
+
+
 # ---- hostile input -----------------------------------------------------------------------------------------
 
 PIECES = ["Memory cgroup stats for ", "/a", ":", " ", "\n", "anon ", "file ", "cache:", "KB", "kB", "[", "]",
@@ -371,6 +411,9 @@ def test_parsers_never_raise(text):
     assert isinstance(parse_meminfo_continuation(text), (NodeMemInfo, type(None)))
     stat = parse_memory_stat_block(text)
     assert stat is None or all(0 <= v < 1 << 74 for v in stat.values.values())
+    lean = parse_memory_stat_block(text, LEAN)
+    assert (lean is None) == (stat is None)
+    assert lean is None or lean.values == {k: v for k, v in stat.values.items() if k in LEAN}
 
 
 @FUZZ
@@ -378,3 +421,5 @@ def test_parsers_never_raise(text):
 def test_reports_never_raise(texts):
     for report in memory_reports(texts):
         assert isinstance(report, OomMemoryReport)
+    full, lean = list(memory_reports(texts)), list(memory_reports(texts, keys=LEAN))
+    assert [r._replace(stats=None) for r in lean] == [r._replace(stats=None) for r in full]

@@ -45,8 +45,9 @@ _STAT_LINE = re.compile(r"([a-z][a-z0-9_]{0,63}) (\d{1,20})")
 _KERNEL_BLOCK = re.compile(r"(?:[a-z][a-z0-9_]{0,63} \d{1,19}\n){0,%d}[a-z][a-z0-9_]{0,63} \d{1,19}"
                            % (MAX_STAT_KEYS - 1))
 # The same, for every line of a block at once (the common case: a v2 block and nothing else)
-# The keys of the last such block, interned, and the block of them all 0 (None when a key repeats)
-_SHARED_KEYS: list = [[], None]
+# The keys of the last such block, interned, the block of them all 0 (None when a key repeats), its dialect,
+# and per key filter (memory_reports' `keys`) the kept keys and a getter of their values from a block's words
+_SHARED_KEYS: list = [[], None, "v2", {}]
 _ZERO = "0"
 _STAT_LINES = re.compile(r"^[ \t]*([a-z][a-z0-9_]{0,63}) (\d{1,20})[ \t]*$", re.MULTILINE)
 _V1_PAIR = re.compile(r"([a-z][a-z0-9_]{0,63}):(\d{1,20})(KB|kB)?")
@@ -141,31 +142,44 @@ def parse_memory_stat_line(text: str) -> Optional[tuple[str, int]]:
     return m[1], int(m[2])
 
 
-def parse_memory_stat_block(text: str) -> Optional[MemoryStat]:
+def parse_memory_stat_block(text: str, keys: Optional[frozenset[str]] = None) -> Optional[MemoryStat]:
     """A whole block: `key value` lines (v2 keys in bytes, or a v1 file's keys in bytes), or v1's
-    `key:NKB key:NKB` on one line (kB). None when any part is not such a pair, or for no pairs at all."""
+    `key:NKB key:NKB` on one line (kB). None when any part is not such a pair, or for no pairs at all.
+    `keys`: only these keys are kept (the block is still checked whole, and its dialect told from all of its
+    keys); the others are not converted."""
     block = text.strip()
     if _KERNEL_BLOCK.fullmatch(block):  # the kernel's own shape (one `key value` a line): no line-by-line reading
         words = block.replace("\n", " ").split(" ")
-        keys, numbers = words[::2], words[1::2]
-        shared, zeros = _SHARED_KEYS
-        if keys != shared:  # a kernel prints the same keys in every block: one string each, pickled once a batch
-            shared = list(map(sys.intern, keys))
+        shared, zeros, dialect, kept = _SHARED_KEYS
+        if words[::2] != shared:  # a kernel prints the same keys in every block: one string each, pickled
+            # once a batch
+            shared = list(map(sys.intern, words[::2]))
             zeros = dict.fromkeys(shared, 0) if len(set(shared)) == len(shared) else None
-            _SHARED_KEYS[:] = shared, zeros
+            dialect = "v1" if ("cache" in shared or "rss" in shared) and "anon" not in shared else "v2"
+            kept = {}
+            _SHARED_KEYS[:] = shared, zeros, dialect, kept
+        if keys is not None:  # the named keys only: int() of a few values, a small dict
+            if keys not in kept:
+                # (a repeated key: its last value, as dict() keeps below)
+                at = [i for i, key in enumerate(shared) if key in keys]
+                kept[keys] = ([shared[i] for i in at],
+                              itemgetter(*(2 * i + 1 for i in at)) if len(at) > 1 else
+                              (lambda w, i=2 * at[0] + 1: (w[i],)) if at else (lambda w: ()))
+            names, values_of = kept[keys]
+            return MemoryStat(dict(zip(names, map(int, values_of(words)))), dialect, "bytes")
+        numbers = words[1::2]
         if zeros is None:
             values = dict(zip(shared, map(int, numbers)))
         else:  # most of a block is 0: the others are converted (int() is most of a block's cost)
             nonzero = list(map(_ZERO.__ne__, numbers))
             values = zeros.copy()
             values.update(zip(compress(shared, nonzero), map(int, compress(numbers, nonzero))))
-        return MemoryStat(values, "v1" if ("cache" in values or "rss" in values) and "anon" not in values
-                          else "v2", "bytes")
+        return MemoryStat(values, dialect, "bytes")
     pairs = _STAT_LINES.findall(block)
     if pairs and len(pairs) == block.count("\n") + 1 and len(pairs) <= MAX_STAT_KEYS:  # one pair a line
         fast = {key: int(value) for key, value in pairs}
         if max(fast.values()) <= _U64_MAX:
-            return MemoryStat(fast, "v1" if ("cache" in fast or "rss" in fast)
+            return MemoryStat(_only(fast, keys), "v1" if ("cache" in fast or "rss" in fast)
                               and "anon" not in fast else "v2", "bytes")
     values: dict[str, int] = {}
     unit = "bytes"
@@ -198,7 +212,11 @@ def parse_memory_stat_block(text: str) -> Optional[MemoryStat]:
     if not values:
         return None
     dialect = "v1" if ("cache" in values or "rss" in values) and "anon" not in values else "v2"
-    return MemoryStat(values, dialect, unit)
+    return MemoryStat(_only(values, keys), dialect, unit)
+
+
+def _only(values: dict[str, int], keys: Optional[frozenset[str]]) -> dict[str, int]:
+    return values if keys is None else {key: value for key, value in values.items() if key in keys}
 
 
 def parse_task_table_header(text: str) -> Optional[TaskTableHeader]:
@@ -348,16 +366,19 @@ class OomMemoryReport(NamedTuple):
     tasks: tuple[TaskRow, ...]
 
 
-def first_report(texts: Iterable[str]) -> Optional[OomMemoryReport]:
+def first_report(texts: Iterable[str], keys: Optional[frozenset[str]] = None) -> Optional[OomMemoryReport]:
     """The memory part of the one report `texts` come from (what a reader kept of it), or None."""
-    return next(iter(memory_reports(texts)), None)
+    return next(iter(memory_reports(texts, keys)), None)
 
 
-def memory_reports(texts: Iterable[str]) -> Iterator[OomMemoryReport]:
+def memory_reports(texts: Iterable[str], keys: Optional[frozenset[str]] = None) -> Iterator[OomMemoryReport]:
     """The memory parts of each OOM report in a run of message texts (records' text, in order). A report
     starts at `Memory cgroup stats for`, `Mem-Info:` or a task table (its title, or the column header alone:
     3.10 prints no title) that follows no other part, and ends with its task table or at the next report.
-    Lines of other kinds between the parts (the node's zone lines, `memory: usage`) are skipped."""
+    Lines of other kinds between the parts (the node's zone lines, `memory: usage`) are skipped.
+    `keys`: the stats block's keys to keep (e.g. oomwatch.holders.STAT_KEYS_USED, what the incident reads; the
+    live reader's lean form); the block is read and checked the same, and its other keys are not converted.
+    None keeps every key (inspect, tests)."""
     state = _ReportState()
     for text in texts:
         head = parse_memcg_stats_header(text) if text.startswith(_STATS_HEAD) else None
@@ -366,7 +387,10 @@ def memory_reports(texts: Iterable[str]) -> Iterator[OomMemoryReport]:
                 continue  # v1 kernels before 5.3 print a line per cgroup below the OOM one: keep the first
             if state.started:
                 yield state.report()
-            state = _ReportState(started=True, cgroup=head.cgroup, inline=head.inline, section="stats")
+            inline = head.inline
+            if inline is not None and keys is not None:
+                inline = inline._replace(values=_only(dict(inline.values), keys))
+            state = _ReportState(started=True, cgroup=head.cgroup, inline=inline, section="stats")
             continue
         if is_meminfo_title(text):
             if state.started:
@@ -374,9 +398,10 @@ def memory_reports(texts: Iterable[str]) -> Iterator[OomMemoryReport]:
             state = _ReportState(started=True, section="meminfo")
             continue
         if state.section == "stats" and text[:1] not in ("T", "["):  # the task table follows the block
-            block = parse_memory_stat_block(text)
+            block = parse_memory_stat_block(text, keys)
             if block is not None and block.dialect == "v2":
                 state.stat_values.update(block.values)
+                state.stats_read = True  # (with `keys`, a block may keep none of its values)
                 continue
         elif state.section == "meminfo":
             info = parse_node_meminfo(text) if not state.meminfo else parse_meminfo_continuation(text)
@@ -416,13 +441,14 @@ class _ReportState:
                  inline: Optional[MemoryStat] = None, section: str = ""):
         self.started, self.cgroup, self.inline, self.section = started, cgroup, inline, section
         self.stat_values: dict[str, int] = {}
+        self.stats_read = False
         self.meminfo: dict[str, int] = {}
         self.header: Optional[TaskTableHeader] = None
         self.rows: list[TaskRow] = []
 
     def report(self) -> OomMemoryReport:
         stats = self.inline
-        if stats is None and self.stat_values:
+        if stats is None and self.stats_read:
             stats = MemoryStat(dict(self.stat_values), "v2", "bytes")
         meminfo = NodeMemInfo(dict(self.meminfo)) if self.meminfo else None
         return OomMemoryReport(self.cgroup, stats, meminfo, self.header, tuple(self.rows))
