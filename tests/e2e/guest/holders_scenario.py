@@ -127,6 +127,8 @@ class HoldersShm(HeldMemory):
         # its 96 MiB stay in RAM while the tmpfs is mounted (the global OOM scenario after needs them): unmounted
         # here, the pages go with the container's own mount when the driver deletes it
         for volume in getattr(self, "cleanup_mounts", []):
+            for name in os.listdir(volume):  # freed now, whoever still holds the mount
+                os.remove(os.path.join(volume, name))
             subprocess.run(["umount", "-l", volume], check=False)
 
 
