@@ -40,6 +40,11 @@ DASHBOARD = os.path.join(
     os.path.dirname(__file__), "..", "..", "deploy", "grafana", "oomwatch-dashboard.json"
 )
 MAX_LATENCY = float(os.environ.get("OOMWATCH_E2E_MAX_LATENCY", "5"))
+# A global OOM first thrashes the whole guest (its hog took 45 s to reach the kill in the fresh-clone CI of
+# 2026-11-26 15:17, every file page evicted, the agent's code among them, read back over 9p under TCG) and the
+# agent is one of the processes stalled: its own HTTP thread invoked the OOM killer there, and it published 6.6 s
+# after the kill (1.4 s and 3.0 s in the runs of 14:56 and 13:39). A cgroup's limit stalls only that cgroup.
+MAX_GLOBAL_LATENCY = float(os.environ.get("OOMWATCH_E2E_MAX_GLOBAL_LATENCY", "15"))
 CONSTRAINT = {
     "CONSTRAINT_MEMCG": "memcg",
     "CONSTRAINT_NONE": "global",
@@ -446,13 +451,14 @@ def test_detection_latency(e2e: E2ERun):
             rows.append(
                 f"{name:24s} seq={d['seq']:<6} " + (f"{lat:.3f}s" if lat is not None else "not published")
             )
+            global_oom = sc.gt.get("expect", {}).get("constraint") == "global"
             if lat is None:
                 missing.append(name)
-            elif lat > MAX_LATENCY:
+            elif lat > (MAX_GLOBAL_LATENCY if global_oom else MAX_LATENCY):
                 slow.append(f"{name}: {lat:.3f}s")
     print("\ndetection latency (kernel kill -> visible on /incidents, TCG guest):\n  " + "\n  ".join(rows))
     assert not missing, f"not published: {missing}"
-    assert not slow, f"slower than {MAX_LATENCY}s: {slow}"
+    assert not slow, f"slower than {MAX_LATENCY}s ({MAX_GLOBAL_LATENCY}s for a global OOM): {slow}"
 
 
 # ----------------------------------------------------------------------------------------- deleted container
