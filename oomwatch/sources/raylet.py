@@ -26,6 +26,8 @@ from typing import Optional
 
 from oomwatch.deaths import ray_killed_pids
 from oomwatch.events import RayLogRead
+from oomwatch.parse.cgroup import parse_pids
+from oomwatch.sources.cgroupfs import cat
 
 RAYLET_OUT = "tmp/ray/session_latest/logs/raylet.out"  # under the container's root (Ray's default temp dir)
 RAYLET_TAIL_BYTES = 64 << 10
@@ -53,13 +55,9 @@ def raylet_log_read(key: str, cgroup_dir: str, proc_root: str = "/proc") -> RayL
     return RayLogRead(key, None, error)
 
 
-def _live_pids(cgroup_dir: str) -> list[int]:
-    try:
-        with open(f"{cgroup_dir}/cgroup.procs", "rb") as f:
-            text = f.read(1 << 16)
-    except OSError:  # the cgroup is gone: nothing of the container lives
-        return []
-    return [int(word) for word in text.split()[:64] if word.isdigit()]
+def _live_pids(cgroup_dir: str) -> tuple[int, ...]:
+    procs = cat(f"{cgroup_dir}/cgroup.procs")  # (None: the cgroup is gone, nothing of the container lives)
+    return parse_pids(procs) if procs is not None else ()
 
 
 def read_tail_in_root(root: str, path: str, limit: int) -> bytes:
