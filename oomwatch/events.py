@@ -64,7 +64,8 @@ class CgroupRemoved(NamedTuple):
 
 
 class MemoryStatRead(NamedTuple):
-    """A cgroup's memory.stat, read when its memory.events.local said it was at its limit (`max` or `oom` moved):
+    """A cgroup's memory.stat, read when its memory.events.local said it was at its limit (`max` moved, and not
+    `oom` or `oom_kill` with it: then the kill is as good as done):
     what the kernel's report would print in its stats block, for the kills whose block the ratelimit hid.
     `taken`: epoch seconds (time.time(), KernelLog.drained_at's clock) taken just AFTER the read ended (the file
     was read no later than that); the pipeline orders it against kills only through the kernel log's reads

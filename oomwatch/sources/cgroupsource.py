@@ -31,9 +31,8 @@ PID_SNAPSHOT_INTERVAL = 0.2
 # memory.stat is read at most this often per cgroup while it sits at its limit (`max` moving), and at most
 # STAT_READS_PER_SECOND times a second on the node: each read costs the kernel an rstat flush and the agent a parse,
 # and in the 50x4 storm reads every 0.1 s and at each OOM move raised the detection latency's median by 0.2 s
-# (2026-11-26 14:23). A reading is of use only when a log read that ended at least a second later (the reader's
-# lag, docs/loop.md) did not hold the kill, so a fresher one would not be shown anyway; one taken at an `oom` or
-# `oom_kill` move is as good as after the kill.
+# (2026-11-26 14:23). A reading is of use only when a read of the log to its end came after it without the kill
+# (docs/loop.md); one taken at an `oom` or `oom_kill` move is as good as after the kill.
 STAT_READ_INTERVAL = 1.0
 STAT_READS_PER_SECOND = 20
 _COUNTERS = ("max", "oom", "oom_kill", "oom_group_kill")
