@@ -200,11 +200,8 @@ class Pipeline:
         self.deaths = DeathTracker()
         self._recent_kills: deque[KernelKill] = deque(maxlen=RECENT_KILLS)
         self._death_context: OrderedDict[str, _DeathContext] = OrderedDict()
-        self._awaiting_log: dict[str, tuple[ExitGroup, float]] = {}
+        self._parked: dict[str, _Parked] = {}  # deaths whose verdict waits for an answer, by their key
         self._woken_for_settle: Optional[float] = None  # the settle time the kernel log's reader was woken for
-        # key → (group, log finding, raylet.out's killed pids or None, until)
-        self._awaiting_status: dict[str, tuple[ExitGroup, Any, Optional[frozenset], float]] = {}
-        self._awaiting_ray: dict[str, tuple[ExitGroup, Any, float]] = {}  # key → (group, log finding, until)
         # Processes of Ray pods: host pid → pid in its container (raylet.out names the latter), from the exec
         self._ray_ns_pids: OrderedDict[int, int] = OrderedDict()
         self._ray_error_said = False  # a refused read of raylet.out is logged once
@@ -246,12 +243,8 @@ class Pipeline:
         death_due = self.deaths.next_due()
         if death_due is not None:
             times.append(self._death_deadline(death_due))
-        if self._awaiting_log:
-            times.append(min(at for _, at in self._awaiting_log.values()))
-        if self._awaiting_status:
-            times.append(min(at for *_, at in self._awaiting_status.values()))
-        if self._awaiting_ray:
-            times.append(min(at for *_, at in self._awaiting_ray.values()))
+        if self._parked:
+            times.append(min(parked.until for parked in self._parked.values()))
         return min((t for t in times if t is not None), default=None)
 
     def view(self) -> View:
@@ -488,15 +481,9 @@ class Pipeline:
         self._publish(self.witness.due(self._now, everything=True), fx)
         # Deaths being collected are judged with what is known now (their exits are not heard again; no log
         # asked for now would be read).
-        for group, _ in list(self._awaiting_log.values()):
-            self._judge(group, fx, log_read=True)
-        self._awaiting_log.clear()
-        for group, log, _ in list(self._awaiting_ray.values()):
-            self._judge(group, fx, log_read=True, log=log, ray=frozenset(), status_waited=True)
-        self._awaiting_ray.clear()
-        for group, log, ray, _ in list(self._awaiting_status.values()):
-            self._judge(group, fx, log_read=True, log=log, ray=ray, status_waited=True)
-        self._awaiting_status.clear()
+        parked, self._parked = self._parked, {}
+        for waiting in parked.values():
+            self._resume(waiting, fx, stopping=True)
         for group in self.deaths.due(self._now, everything=True):
             self._judge(group, fx, log_read=True, ray=frozenset(), status_waited=True)  # nothing would answer
         if self.settings.persist:
@@ -601,14 +588,8 @@ class Pipeline:
 
     def _advance_deaths(self, fx: Effects) -> None:
         now = self._now
-        for key in [k for k, (_, at) in self._awaiting_log.items() if at <= now]:
-            self._judge(self._awaiting_log.pop(key)[0], fx, log_read=True)  # no log came in time
-        for key in [k for k, (*_, at) in self._awaiting_ray.items() if at <= now]:
-            group, log, _ = self._awaiting_ray.pop(key)
-            self._judge(group, fx, log_read=True, log=log, ray=frozenset())  # no raylet.out came in time
-        for key in [k for k, (*_, at) in self._awaiting_status.items() if at <= now]:
-            group, log, ray, _ = self._awaiting_status.pop(key)
-            self._judge(group, fx, log_read=True, log=log, ray=ray, status_waited=True)
+        for key in [key for key, parked in self._parked.items() if parked.until <= now]:
+            self._resume(self._parked.pop(key), fx)  # no answer came in time
         due = self.deaths.next_due()
         if due is None or due > now:
             return
@@ -633,7 +614,7 @@ class Pipeline:
         if (not log_read and self.settings.read_logs and needs_log(group) and workload is not None
                 and workload.type == "k8s-container" and workload.namespace and workload.pod
                 and workload.pod_uid and workload.container):
-            self._awaiting_log[group.key] = (group, self._now + LOG_WAIT_SECONDS)
+            self._parked[group.key] = _Parked(group, "log", self._now + LOG_WAIT_SECONDS)
             fx.read_logs.append(LogRequest(group.key, workload.namespace, workload.pod, workload.pod_uid,
                                            workload.container))
             return
@@ -656,13 +637,13 @@ class Pipeline:
         death = classify(group, evidence, self._now)
         if (death is not None and death.cause == "userspace" and death.sender == "unknown" and ray is None
                 and self._runs_ray(workload)):
-            self._awaiting_ray[group.key] = (group, log, self._now + RAY_LOG_WAIT_SECONDS)
+            self._parked[group.key] = _Parked(group, "ray", self._now + RAY_LOG_WAIT_SECONDS, log)
             fx.read_ray_logs.append(RayLogRequest(group.key, group.key))
             return
         if (death is not None and death.cause == "userspace" and death.sender != "kubelet-eviction"
                 and not status_waited and self.settings.kmsg_source is not None
                 and self.resolver.pod_index is not None and evidence.pod_status is not None):
-            self._awaiting_status[group.key] = (group, log, ray, self._now + POD_STATUS_WAIT_SECONDS)
+            self._parked[group.key] = _Parked(group, "status", self._now + POD_STATUS_WAIT_SECONDS, log, ray)
             return
         self._death_context.pop(group.key, None)
         if death is None:
@@ -708,10 +689,9 @@ class Pipeline:
             self._ray_error_said = True
             fx.logs.append((logging.WARNING, f"cannot read Ray's raylet.out: {event.error}; deaths in Ray pods are "
                                              "judged without it (said once)"))
-        waiting = self._awaiting_ray.pop(event.key, None)
-        if waiting is not None:
-            group, log, _ = waiting
-            self._judge(group, fx, log_read=True, log=log, ray=event.killed_pids or frozenset())
+        parked = self._parked.get(event.key)
+        if parked is not None and parked.waits_for == "ray":
+            self._resume(self._parked.pop(event.key), fx, event.killed_pids or frozenset())
 
     def _oomd_marks_read(self, event: OomdMarksRead, fx: Effects) -> None:
         context = self._death_context.get(event.path)
@@ -719,9 +699,19 @@ class Pipeline:
             context.oomd = (event.ooms, event.kills)
 
     def _log_tail_read(self, event: LogTailRead, fx: Effects) -> None:
-        waiting = self._awaiting_log.pop(event.key, None)
-        if waiting is not None:
-            self._judge(waiting[0], fx, log_read=True, log=event.finding)
+        parked = self._parked.get(event.key)
+        if parked is not None and parked.waits_for == "log":
+            self._resume(self._parked.pop(event.key), fx, event.finding)
+
+    def _resume(self, parked: "_Parked", fx: Effects, answer: Any = None, stopping: bool = False) -> None:
+        """Judge a parked death again, with the answer it waited for (None: none came); at a stop nothing more
+        is asked (no raylet.out, no wait for the pod's status)."""
+        log = answer if parked.waits_for == "log" else parked.log
+        ray = (answer or frozenset()) if parked.waits_for == "ray" else parked.ray
+        if stopping and ray is None:
+            ray = frozenset()
+        self._judge(parked.group, fx, log_read=True, log=log, ray=ray,
+                    status_waited=stopping or parked.waits_for == "status")
 
     # --- incidents -----------------------------------------------------------------------------------------
 
@@ -731,6 +721,17 @@ class Pipeline:
     def _counted_incident(self, **kw) -> Incident:
         return counted_incident(boot_id=self.settings.boot_id, detected_at=self._now, resolve=self.resolver.resolve,
                                 scope_of=self.resolver.layout.scope_of, explain=self._explain, **kw)
+
+
+class _Parked(NamedTuple):
+    """A death whose verdict waits until `until` for one answer (`waits_for`): its container's log ("log"), its
+    Ray pod's raylet.out ("ray") or its pod's status ("status"); with what it had already (`log`, `ray`)."""
+
+    group: ExitGroup
+    waits_for: str
+    until: float
+    log: Any = None
+    ray: Optional[frozenset] = None
 
 
 class _DeathContext:

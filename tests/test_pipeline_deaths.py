@@ -60,6 +60,11 @@ def k8s_node(tmp_path: Path, oom_group: int = 1, **settings: Any) -> tuple[Death
     return replay, recorded
 
 
+def waits_for(replay: Replay, answer: str) -> bool:
+    """A death of the replay's pipeline waits for this answer ("log", "ray", "status")."""
+    return any(parked.waits_for == answer for parked in replay.pipeline._parked.values())
+
+
 def started(replay: Replay, pid: int, ns_pid: int, comm: str, at: float) -> None:
     replay.step(ProcessExeced(pid, CONTAINER, ns_pid, comm), at)
 
@@ -304,7 +309,7 @@ def test_a_stop_asks_for_no_log_it_would_never_read(tmp_path: Path) -> None:
     replay.step(ProcessExited(5001, None, BOOT + 5.0, code=1), BOOT + 5.0)  # only its log could tell why
     assert len(replay.pipeline.deaths) == 1
     fx = replay.step(Stop(), BOOT + 5.5)
-    assert fx.read_logs == [] and not replay.pipeline._awaiting_log and len(replay.pipeline.deaths) == 0
+    assert fx.read_logs == [] and not waits_for(replay, "log") and len(replay.pipeline.deaths) == 0
     assert fx.deaths == []  # an exit 1 with nothing to say it was memory: no verdict
 
 
@@ -557,7 +562,7 @@ def test_no_raylet_out_judges_without_it(tmp_path: Path) -> None:
     read = raylet_log_read(CONTAINER, str(tmp_path / "cgroup") + CONTAINER, proc_root=str(tmp_path / "proc"))
     assert read.killed_pids is None and read.error is None  # a missing file is normal: nothing to say
     fx = replay.step(read, BOOT + 8.2)
-    assert fx.logs == [] and not replay.pipeline._awaiting_ray
+    assert fx.logs == [] and not waits_for(replay, "ray")
     replay.settle()
     assert [(d.cause, d.sender) for d in replay.deaths] == [("userspace", "unknown")]
 
@@ -566,7 +571,7 @@ def test_no_raylet_out_judges_without_it(tmp_path: Path) -> None:
     with_ray_pod(again)
     assert ray_worker_sigkilled(again).read_ray_logs
     again.advance_to(BOOT + 8.1 + RAY_LOG_WAIT_SECONDS)  # no RayLogRead came: waited no longer
-    assert not again.pipeline._awaiting_ray
+    assert not waits_for(again, "ray")
     again.settle()
     assert [(d.cause, d.sender) for d in again.deaths] == [("userspace", "unknown")]
 
@@ -609,4 +614,4 @@ def test_a_stop_judges_a_death_waiting_for_raylet_out(tmp_path: Path) -> None:
     assert ray_worker_sigkilled(replay).read_ray_logs
     fx = replay.step(Stop(), BOOT + 8.5)
     assert fx.read_ray_logs == [] and [(d.cause, d.sender) for d in fx.deaths] == [("userspace", "unknown")]
-    assert not replay.pipeline._awaiting_ray and not replay.pipeline._awaiting_status
+    assert not waits_for(replay, "ray") and not waits_for(replay, "status")
