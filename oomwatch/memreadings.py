@@ -19,8 +19,6 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Any, Optional
 
-from oomwatch.holders import STAT_KEYS_USED
-
 READER_LAG = 0.05
 CONFIRMED_KEPT = 8  # confirmed readings kept per cgroup, newest last (an incident is built a few batches late)
 UNCONFIRMED_MAX = 8192  # readings waiting for a read of the log, all cgroups (none comes while it is not live)
@@ -52,9 +50,7 @@ class MemoryReadings:
         return kept + len(self._unconfirmed)
 
     def add(self, path: str, taken: float, stat: Any) -> None:
-        values = stat.values
-        stat = stat._replace(values={k: values[k] for k in STAT_KEYS_USED if k in values})  # 20 of ~76 keys
-        self._unconfirmed.append(Reading(path, taken, stat))
+        self._unconfirmed.append(Reading(path, taken, stat))  # (the source kept only STAT_KEYS_USED of it)
 
     def batch_started(self) -> int:
         """A kernel-log batch is about to be processed: its number. Readings the last complete read covers are

@@ -22,6 +22,7 @@ from oomwatch.events import (
 )
 from oomwatch.deaths import parse_oomd_xattr
 from oomwatch.parse.cgroup import parse_limit
+from oomwatch.holders import STAT_KEYS_USED
 from oomwatch.parse.memstat import parse_memory_stat_block
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc, cat
 from oomwatch.workloads import WorkloadResolver
@@ -166,7 +167,8 @@ class CgroupSource:
         straddles the log's drain time pass as earlier than it was)."""
         text = cat(f"{self.fs.abspath(path)}/memory.stat")
         taken = self._wall_clock()
-        stat = parse_memory_stat_block(text) if text else None  # (gone: no reading)
+        # (gone: no reading); only the keys a breakdown reads are kept, as the live kernel-log reader keeps them
+        stat = parse_memory_stat_block(text, STAT_KEYS_USED) if text else None
         if stat is not None:
             self._emit(MemoryStatRead(path, taken, stat))
 
