@@ -41,15 +41,20 @@ class KmsgParseError(ValueError):
     """A record that does not follow the /dev/kmsg format."""
 
 
+# Bytes looked for in every record, as ints: `int in bytes` is one memchr, where `bytes in bytes` first tries its
+# needle as an int and builds and clears a TypeError (more than the search itself costs).
+_BACKSLASH, _NEWLINE, _NUL, _ESC = 0x5C, 0x0A, 0x00, 0x1B
+
+
 def unescape(raw: bytes) -> str:
     """Undo the kernel's `\\xNN` escaping; bytes that are not UTF-8 (a process may name itself anything)
     come out as `\\xNN` again rather than failing."""
-    if b"\\" not in raw:  # the common case: nothing escaped
+    if _BACKSLASH not in raw:  # the common case: nothing escaped
         return raw.decode("utf-8", "backslashreplace")
     # An OOM report's stats block is one record of lines (6.1): newlines are its only escapes. A backslash of
     # the text itself is escaped too (\x5c), so every `\x0a` is an escaped newline.
     lines = raw.replace(b"\\x0a", b"\n")
-    if b"\\" not in lines:
+    if _BACKSLASH not in lines:
         return lines.decode("utf-8", "backslashreplace")
     return _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), raw).decode("utf-8", "backslashreplace")
 
@@ -69,7 +74,7 @@ def parse_kmsg_record(raw: bytes) -> KmsgRecord:
     if priority < 0 or seq < 0 or usec < 0 or usec > MAX_USEC or seq > MAX_SEQ:
         raise KmsgParseError(f"field out of range in record prefix {head[:60]!r}")
     rest = rest.rstrip(b"\n")
-    if b"\n" not in rest:  # no dictionary continuation lines: most records
+    if _NEWLINE not in rest:  # no dictionary continuation lines: most records
         return _new_record(KmsgRecord, (priority, seq, usec, unescape(rest), (), None))
     lines = rest.split(b"\n")
     fields = []
@@ -621,9 +626,9 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
     prefixed_indent: Optional[int] = None  # indentation of the last line that had a prefix
     entry: Optional[dict[bytes, bytes]] = None  # the `journalctl -o verbose` entry being read
     for raw_line in _bounded_lines(lines, stats):
-        if b"\x00" in raw_line:  # a NUL ending each line would hide every line's prefix
+        if _NUL in raw_line:  # a NUL ending each line would hide every line's prefix
             raw_line = raw_line.replace(b"\x00", b"")
-        if b"\x1b" in raw_line:  # `dmesg --color=always`, a terminal capture: the kernel's text never holds ESC
+        if _ESC in raw_line:  # `dmesg --color=always`, a terminal capture: the kernel's text never holds ESC
             raw_line = _ANSI.sub(b"", raw_line)
         line_bytes = raw_line.rstrip(b"\r\n")
         if pending is not None:
