@@ -47,8 +47,8 @@ from oomwatch.model import (
     OomSuppressed,
     Workload,
 )
-from oomwatch.holders import held_memory
-from oomwatch.parse.memstat import first_report
+from oomwatch.holders import STAT_KEYS_USED, held_memory
+from oomwatch.parse.memstat import first_report, part_report
 from oomwatch.parse.oom import OomReaped, parse_oom_line
 from oomwatch.parse.prefilter import REPORT_RECORDS_MAX
 
@@ -152,7 +152,7 @@ class _Builder:
     # The texts of a full report's records from its `invoked oom-killer` line to its summary that are no OOM
     # line: its stats block and task table among them (what held the memory). None: no such line came.
     memory_texts: Optional[list[str]] = None
-    memory_report: Any = None  # the same, parsed by the live reader (oomwatch.model.ReportMemory)
+    memory_part: Optional[bytes] = None  # the same as the live reader keeps them (oomwatch.model.ReportMemory)
 
     def add(self, kill: _Kill) -> None:
         self.kills.append(kill)
@@ -319,15 +319,15 @@ class Correlator:
                 and record.priority >> 3 == KERNEL_FACILITY and len(b.memory_texts) < REPORT_RECORDS_MAX):
             b.memory_texts.append(record.text)
 
-    def skipped(self, count: int, last_seq: Optional[int], memory: Any = None) -> None:
+    def skipped(self, count: int, last_seq: Optional[int], memory: Optional[bytes] = None) -> None:
         """`count` records the reader's pre-filter found no OOM words in (read, not parsed); or, with `memory`,
-        the memory part of the open report, parsed by the reader (an OomMemoryReport)."""
+        the memory part of the open report as the reader kept it (oomwatch.model.ReportMemory's `part`)."""
         self.stats.records += count
         if last_seq is not None:
             self.last_seq = last_seq
         b = self._open
         if memory is not None and b is not None and b.memory_texts is not None and b.summary is None and not b.kills:
-            b.memory_report = memory
+            b.memory_part = memory
 
     def lost(self, count: int) -> None:
         """Records the reader could not get (EPIPE gap): an incident that begins next without its header or
@@ -585,7 +585,7 @@ class Correlator:
             partial=b.partial,
             group_inferred=b.group_inferred,
         )
-        report = b.memory_report if b.memory_report is not None else (
+        report = part_report(b.memory_part, STAT_KEYS_USED) if b.memory_part is not None else (
             first_report(b.memory_texts) if b.memory_texts else None)
         reading = None
         if (report is None or report.stats is None or report.cgroup not in (None, oom_cgroup)) and oom_cgroup \

@@ -416,10 +416,11 @@ class Skipped:
 @dataclass(frozen=True)
 class ReportMemory(Skipped):
     """The memory part of a full OOM report (its stats block or node counters and its task table: `count`
-    records up to `last_seq`), read by the live reader, which parses it in its own process: `report` is
-    oomwatch.parse.memstat's OomMemoryReport of it (None: nothing in it parsed)."""
+    records up to `last_seq`), kept together by the live reader: `part` is the kernel's records' texts as
+    /dev/kmsg escapes them, one a line (oomwatch.parse.memstat.part_report reads it). Handed on unparsed: the
+    reader's loop pays a join, and only a report that becomes an incident is read, once."""
 
-    report: Any = None
+    part: bytes = b""
 
 
 @dataclass(frozen=True)

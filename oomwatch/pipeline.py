@@ -295,8 +295,8 @@ class Pipeline:
                                                  f"process?): {item.text:.200}"))
             if out:
                 self.witness.add(out, self._now)
-        elif isinstance(item, Skipped):  # a ReportMemory too: the reader parsed a report's memory part
-            self.correlator.skipped(item.count, item.last_seq, getattr(item, "report", None))
+        elif isinstance(item, Skipped):  # a ReportMemory too: a report's memory part, as the reader kept it
+            self.correlator.skipped(item.count, item.last_seq, getattr(item, "part", None))
             self.store.count_kmsg(records=item.count)
         elif isinstance(item, Lost):
             self.correlator.lost(item.count or 0)

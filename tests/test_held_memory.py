@@ -15,7 +15,7 @@ from oomwatch.inspect import read_incidents, render_text
 from oomwatch.model import KmsgRecord, ReportMemory, Skipped
 from oomwatch.node import make_correlator
 from oomwatch.parse.kmsg import TextLogStats, parse_kmsg_record, parse_text_log, text_lines
-from oomwatch.parse.memstat import memory_reports, parse_memory_stat_block
+from oomwatch.parse.memstat import memory_reports, parse_memory_stat_block, part_report
 from oomwatch.sources.kmsg import LiveKmsg
 from oomwatch.workloads import WorkloadResolver
 from tests.conftest import FIXTURES, raw_records
@@ -29,8 +29,8 @@ LOGS = CAPTURES + sorted(p for p in [*KMSG.iterdir(), *(FIXTURES / "corpus").ite
 
 def read_like_the_agent(raw: list[bytes]) -> list:
     """What the live reader hands on for these records (oomwatch/sources/kmsg.py: one read() a record, as from
-    /dev/kmsg): records that may be OOM lines, counts of the others, and each full report's memory part parsed
-    as one ReportMemory."""
+    /dev/kmsg): records that may be OOM lines, counts of the others, and each full report's memory part as one
+    ReportMemory."""
     kernel_end, reader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     reader = LiveKmsg("test", prefilter=True)
     reader.fd = reader_end.fileno()
@@ -55,7 +55,7 @@ def incidents_of(items: list, correlator=None) -> list:
         if isinstance(item, KmsgRecord):
             out += correlator.feed(item)
         elif isinstance(item, Skipped):
-            correlator.skipped(item.count, item.last_seq, getattr(item, "report", None))
+            correlator.skipped(item.count, item.last_seq, getattr(item, "part", None))
     return out + correlator.flush()
 
 
@@ -64,12 +64,14 @@ def every_record(raw: list[bytes]) -> list[KmsgRecord]:
 
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda p: p.stem)
-def test_the_reader_hands_on_every_report_s_memory_part_parsed(capture):
+def test_the_reader_hands_on_every_report_s_memory_part(capture):
     raw = raw_records(capture)
     items = read_like_the_agent(raw)
-    parsed = [i.report for i in items if isinstance(i, ReportMemory)]
-    # the reader keeps the lean form: of the stats block, only the keys the breakdown reads
-    assert parsed == list(memory_reports((r.text for r in every_record(raw)), keys=STAT_KEYS_USED))
+    parts = [i.part for i in items if isinstance(i, ReportMemory)]
+    # each as the kernel's texts, still escaped, that part_report() reads as memory_reports() reads the records
+    assert [part_report(p) for p in parts] == list(memory_reports(r.text for r in every_record(raw)))
+    assert [part_report(p, STAT_KEYS_USED) for p in parts] == list(
+        memory_reports((r.text for r in every_record(raw)), keys=STAT_KEYS_USED))
     assert sum(i.count for i in items if isinstance(i, Skipped)) + sum(
         isinstance(i, KmsgRecord) for i in items) == len(raw)  # every record is counted once
 

@@ -3,6 +3,7 @@ records) and the pasted reports of fixtures/corpus (dmesg text, cgroup v1 and v2
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 
@@ -10,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomwatch.model import OomKilled
-from oomwatch.parse.kmsg import TextLogStats, parse_kmsg_record, parse_text_log, text_lines
+from oomwatch.model import OomKilled, ReportMemory
+from oomwatch.parse.kmsg import TextLogStats, parse_kmsg_record, parse_text_log, text_lines, unescape
 from oomwatch.parse.memstat import (
     MemcgStatsHeader,
     MemoryStat,
@@ -19,6 +20,7 @@ from oomwatch.parse.memstat import (
     OomMemoryReport,
     TaskRow,
     TaskTableHeader,
+    first_report,
     is_meminfo_title,
     is_task_table_title,
     memory_reports,
@@ -28,9 +30,12 @@ from oomwatch.parse.memstat import (
     parse_memory_stat_line,
     parse_node_meminfo,
     parse_task_row,
+    parse_kernel_shaped_part,
     parse_task_table_header,
+    part_report,
 )
 from oomwatch.parse.oom import parse_oom_line
+from tests.conftest import raw_records
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 KMSG = FIXTURES / "kmsg"
@@ -423,3 +428,76 @@ def test_reports_never_raise(texts):
         assert isinstance(report, OomMemoryReport)
     full, lean = list(memory_reports(texts)), list(memory_reports(texts, keys=LEAN))
     assert [r._replace(stats=None) for r in lean] == [r._replace(stats=None) for r in full]
+
+
+# --- the live reader's form: part_report() -------------------------------------------------------------
+
+
+def reader_parts() -> list[bytes]:
+    """Each full report's memory part of every raw capture, as the live reader hands it on."""
+    from tests.test_held_memory import read_like_the_agent
+
+    parts = []
+    for capture in sorted(KMSG.glob("*.kmsg")):
+        parts += [i.part for i in read_like_the_agent(raw_records(capture)) if isinstance(i, ReportMemory)]
+    return parts
+
+
+PARTS = reader_parts()
+MEMCG_PARTS = sorted({p for p in PARTS if p.startswith(b"Memory cgroup stats for ")})
+
+
+def read_slowly(part: bytes, keys=None):
+    """What part_report() must equal: the report state machine on the unescaped texts."""
+    return first_report(map(unescape, part.split(b"\n")), keys)
+
+
+def test_the_kernel_s_own_parts_are_read_on_the_fast_path():
+    assert len(PARTS) >= 100 and len(MEMCG_PARTS) >= 15  # 6.1 and 6.12 parts, the storm's among them
+    assert any(b"\\x0a" in p for p in MEMCG_PARTS) and any(b"\\x0a" not in p for p in MEMCG_PARTS)
+    for part in MEMCG_PARTS:
+        for keys in (None, LEAN):
+            fast = parse_kernel_shaped_part(part, keys)
+            assert fast is not None and fast.stats is not None and fast.tasks
+            assert fast == read_slowly(part, keys)
+    for part in PARTS:  # a global OOM's node counters: not the fast path's shape, read the slow way
+        assert part_report(part, LEAN) == read_slowly(part, LEAN)
+
+
+# What a mutation inserts or writes over: the bytes and pieces the fast path's checks are about.
+PIECES = (b"0", b"7", b"a", b"_", b" ", b"  ", b"\\x0a", b"\\x09", b"\\x5c", b"\\", b"\n", b"-", b"+", b"[", b"]",
+          b":", b"/", b"\t", b"\x1f", b"\x7f", b"\x80", b"\xc3\xa9", b"rss 5\\x0a", b"cache 1\\x0a", b"anon 1\\x0a",
+          b"shmem 3\\x0a", b"\\x0ashmem 3", b"12345678901234567890", b"99999999999999999999999", b"-1001", b"1000",
+          b"-1000", b"12 ", b"1_0", b"000000000000000000000001", b"\nTasks state (memory values in pages):\n",
+          b"\n[  pid  ]   uid  tgid total_vm      rss pgtables_bytes swapents oom_score_adj name",
+          b"\n[    7]     0     7      100      50    4096        0             0 a b  ",
+          b"\n[    8]     0     8      100      50    4096        0         -1000 12 x",
+          b"\nMemory cgroup stats for /x:\n", b"\nMem-Info:\n")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_part_report_equals_the_slow_read_of_mutated_parts(seed):
+    """Where the fast path reads a part, it reads it as first_report() does; where it cannot, first_report()
+    reads it: on every capture's parts with a few bytes inserted, written over or deleted anywhere, or a digit
+    changed (a part of the kernel's shape with other values)."""
+    rng = random.Random(seed)
+    fast = 0
+    for _ in range(300):
+        part = bytearray(rng.choice(MEMCG_PARTS))
+        for _ in range(rng.randint(1, 3)):
+            piece, at = rng.choice(PIECES), rng.randrange(len(part) + 1)
+            op = rng.randrange(4)
+            if op == 3:
+                digits = [i for i, c in enumerate(part) if 48 <= c <= 57]
+                part[rng.choice(digits)] = rng.choice(b"0123456789")
+            elif op == 0:
+                part[at:at] = piece
+            elif op == 1:
+                part[at:at + len(piece)] = piece
+            else:
+                del part[at:at + rng.randint(1, 4)]
+        mutated = bytes(part)
+        for keys in (None, LEAN):
+            assert part_report(mutated, keys) == read_slowly(mutated, keys), mutated
+        fast += parse_kernel_shaped_part(mutated, LEAN) is not None
+    assert fast >= 30  # (a changed digit leaves a part the fast path still reads, unless its shape changed too)

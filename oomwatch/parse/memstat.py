@@ -26,6 +26,8 @@ from itertools import compress
 from operator import itemgetter
 from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
+from oomwatch.parse.kmsg import unescape
+
 KIB = 1024
 # A real memory.stat has under 100 keys (6.12: 76); a block claiming more is not the kernel's. Values are u64.
 MAX_STAT_KEYS = 256
@@ -377,7 +379,7 @@ def memory_reports(texts: Iterable[str], keys: Optional[frozenset[str]] = None) 
     3.10 prints no title) that follows no other part, and ends with its task table or at the next report.
     Lines of other kinds between the parts (the node's zone lines, `memory: usage`) are skipped.
     `keys`: the stats block's keys to keep (e.g. oomwatch.holders.STAT_KEYS_USED, what the incident reads; the
-    live reader's lean form); the block is read and checked the same, and its other keys are not converted.
+    agent's lean form); the block is read and checked the same, and its other keys are not converted.
     None keeps every key (inspect, tests)."""
     state = _ReportState()
     for text in texts:
@@ -452,3 +454,112 @@ class _ReportState:
             stats = MemoryStat(dict(self.stat_values), "v2", "bytes")
         meminfo = NodeMemInfo(dict(self.meminfo)) if self.meminfo else None
         return OomMemoryReport(self.cgroup, stats, meminfo, self.header, tuple(self.rows))
+
+
+_STATS_HEAD_B = _STATS_HEAD.encode()
+_TASKS_HEAD_B = _TASKS_HEAD.encode()
+_ESCAPED_NEWLINE = b"\\x0a"
+_STAT_KEY = re.compile(rb"[a-z][a-z0-9_]{0,63}")
+# A block's form: its keys as printed, in order; read with one match of a pattern made of them (the keys as
+# literals, a group for each kept value). A kernel prints the same keys in every block: one form per node.
+_BLOCK_FORMS: dict = {}  # (keys as printed, kept keys) -> (kept names, the pattern's fullmatch)
+_LAST_FORM: dict = {}  # kept keys -> the form last read with them (tried first)
+_FORMS_KEPT = 8
+_ROW_FORMS: dict = {}  # a task table's columns -> the fullmatch of its rows' pattern
+
+
+def part_report(part: bytes, keys: Optional[frozenset[str]] = None) -> Optional[OomMemoryReport]:
+    """The memory part of one report as the live reader hands it on (oomwatch.sources.kmsg): its records'
+    texts as /dev/kmsg escapes them, one a line. The same as first_report() of the unescaped texts; the kernel's
+    own shape (the header, the block as one record with escaped newlines as 6.1 prints it or one record a line
+    as 6.12 does, the task table's title, header and rows, nothing escaped but those newlines) is read from the
+    bytes with a match a line, without unescaping or the report state machine; anything else goes through
+    first_report()."""
+    report = parse_kernel_shaped_part(part, keys)
+    return report if report is not None else first_report(map(unescape, part.split(b"\n")), keys)
+
+
+def parse_kernel_shaped_part(part: bytes, keys: Optional[frozenset[str]] = None) -> Optional[OomMemoryReport]:
+    """part_report()'s fast path: None for a part of any other shape (first_report() reads it). Where it
+    gives a report, first_report() gives the same (tests/test_parse_memstat.py checks it on captures and
+    their mutations)."""
+    if not part.isascii():  # (the kernel escapes other bytes)
+        return None
+    lines = part.split(b"\n")
+    head = lines[0]
+    if not (head.startswith(_STATS_HEAD_B) and head.endswith(b":")) or head[24:25] != b"/" or len(head) > 4096 \
+            or 0x5C in head:  # (a backslash: escaped bytes; as an int, see oomwatch.parse.kmsg._BACKSLASH)
+        return None
+    try:
+        title = lines.index(_TASKS_HEAD_B, 2)
+    except ValueError:
+        return None
+    if title + 1 >= len(lines) or len(lines) - title - 2 > MAX_TASK_ROWS:
+        return None
+    values = _block_values(_ESCAPED_NEWLINE.join(lines[1:title]), keys)
+    if values is None:
+        return None
+    header = parse_task_table_header(lines[title + 1].decode())
+    if header is None or (shape := _row_shape(header.columns)) is None:
+        return None
+    match = _ROW_FORMS.get(header.columns) or _row_form(header.columns)
+    score_adj = shape.score_adj + 1
+    fields = shape.fields
+    rows = []
+    for line in lines[title + 2:]:
+        m = match(line)
+        if m is not None:
+            *digits, name = m.groups()
+            numbers = list(map(int, digits))
+            if -1000 <= numbers[score_adj] <= 1000:
+                numbers.append(None)  # what a column the header lacks reads
+                rows.append(_new_tuple(TaskRow, (numbers[0], *fields(numbers[1:]), name.decode())))
+                continue
+        row = parse_task_row(line.decode(), header) if 0x5C not in line else None  # (a shape the match left)
+        if row is None:
+            return None
+        rows.append(row)
+    return OomMemoryReport(head[len(_STATS_HEAD_B):-1].decode(), MemoryStat(values, "v2", "bytes"), None, header,
+                           tuple(rows))
+
+
+def _block_values(block: bytes, keys: Optional[frozenset[str]]) -> Optional[dict[str, int]]:
+    """The kept values of a v2 block printed as the kernel prints it (`key value` lines, escaped newlines
+    between them, values of at most 19 digits), or None."""
+    form = _LAST_FORM.get(keys)
+    m = form[1](block) if form is not None else None
+    if m is None:  # another block's keys, or no block: learn its form
+        if block.endswith(_ESCAPED_NEWLINE):
+            block = block[:-4]
+        words = block.replace(_ESCAPED_NEWLINE, b" ").split(b" ")
+        names = tuple(words[::2])
+        if len(words) % 2 or len(names) > MAX_STAT_KEYS or not all(map(_STAT_KEY.fullmatch, names)) \
+                or b"cache" in names or b"rss" in names:  # (v1 keys: the report state machine tells v1 from v2)
+            return None
+        form = _BLOCK_FORMS.get((names, keys))
+        if form is None:
+            if len(_BLOCK_FORMS) >= _FORMS_KEPT:
+                _BLOCK_FORMS.clear()
+            kept = [keys is None or name.decode() in keys for name in names]
+            pattern = re.escape(_ESCAPED_NEWLINE).join(re.escape(name) + (rb" (\d{1,19})" if keep else rb" \d{1,19}")
+                                            for name, keep in zip(names, kept))
+            form = _BLOCK_FORMS[(names, keys)] = (list(map(sys.intern, (n.decode() for n in compress(names, kept)))),
+                                                  re.compile(pattern + rb"(?:\\x0a)?").fullmatch)
+        _LAST_FORM[keys] = form
+        m = form[1](block)
+        if m is None:
+            return None
+    return dict(zip(form[0], map(int, m.groups())))  # (a repeated key: its last value, as memory_reports keeps)
+
+
+def _row_form(columns: tuple[str, ...]) -> Callable:
+    """The fullmatch of a row under `columns` as the kernel prints it: spaces, digits, oom_score_adj's minus,
+    and a name of printable ASCII without a backslash (an escaped byte: the slow way unescapes it) that does not
+    start with a number and a space (parse_task_row's rules, in one pattern; its groups are the pid, the
+    numeric columns and the name)."""
+    pattern = rb" *\[ *(\d{1,10})\]" + b"".join(rb" +(-?\d{1,20})" if column == "oom_score_adj" else rb" +(\d{1,21})"
+                                                 for column in columns[:-1]) + rb" +(?!-?\d+ )([!-\x5b\x5d-~](?:[ -\x5b\x5d-~]*[!-\x5b\x5d-~])?) *"
+    if len(_ROW_FORMS) >= _FORMS_KEPT:
+        _ROW_FORMS.clear()
+    match = _ROW_FORMS[columns] = re.compile(pattern).fullmatch
+    return match

@@ -26,11 +26,8 @@ from oomwatch.parse.kmsg import (
     TextLogStats,
     parse_kmsg_record,
     parse_text_log,
-    unescape,
     text_lines,
 )
-from oomwatch.holders import STAT_KEYS_USED
-from oomwatch.parse.memstat import first_report
 from oomwatch.parse.prefilter import report_skipper
 from oomwatch.sources.logitems import (  # noqa: F401 (re-exported: the readers' items live there)
     Garbled,
@@ -176,10 +173,9 @@ class LiveKmsg:
             yield Skipped(skipped, self._last_seq)
 
     def _memory_part(self, last_seq: Optional[int]) -> ReportMemory:
-        """The memory part read so far as one item, parsed here (the reader's process) rather than record by
-        record in the agent's loop; only the kernel's own lines (facility 0: a process may write /dev/kmsg).
-        Lean: of the stats block only the keys the incident's breakdown reads (STAT_KEYS_USED), so the other
-        ~50 are neither converted nor pickled to the agent."""
+        """The memory part read so far as one item: the texts of the kernel's own records (facility 0: a
+        process may write /dev/kmsg), still escaped, one a line. Not parsed here: the reader's loop is the hot
+        path of a storm, and the agent reads only the parts of the reports that become incidents."""
         raws, self._part = self._part, []
         texts = []
         for raw in raws:  # the skipper matched each one's prefix (`PRI,SEQ,…;`): its text, less dictionary lines
@@ -187,8 +183,8 @@ class LiveKmsg:
             if (raw[0] < 56 and raw[1] == 44) or int(raw[:raw.index(b",")]) >> 3 == 0:
                 start = raw.index(b";") + 1
                 end = raw.find(b"\n", start)
-                texts.append(unescape(raw[start:end] if end >= 0 else raw[start:]))
-        return ReportMemory(len(raws), last_seq, first_report(texts, STAT_KEYS_USED))
+                texts.append(raw[start:end] if end >= 0 else raw[start:])
+        return ReportMemory(len(raws), last_seq, b"\n".join(texts))
 
     def wait(self, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
         """Block until a record is readable (True), the timeout passes or `wake_fd` becomes readable."""
