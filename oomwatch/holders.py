@@ -115,37 +115,49 @@ def breakdown(stats: Union[MemoryStat, NodeMemInfo, None], page_size: Optional[i
     return None
 
 
-def _row_bytes(row: TaskRow, page_size: int) -> dict[str, Optional[int]]:
-    def b(pages: Optional[int]) -> Optional[int]:
-        return None if pages is None else pages * page_size
-
-    return {"rss_bytes": b(row.rss_pages), "anon_bytes": b(row.rss_anon_pages),
-            "file_bytes": b(row.rss_file_pages), "shmem_bytes": b(row.rss_shmem_pages)}
-
-
 def _share(value: Optional[int], limit_bytes: Optional[int]) -> Optional[float]:
     return None if value is None or not limit_bytes else round(value / limit_bytes, 4)
 
 
-def top_holders(rows: Iterable[TaskRow], page_size: int, killed_pids: Iterable[int] = (),
+def _sum_pages(pages: Iterable[Optional[int]], page_size: int) -> Optional[int]:
+    """Bytes of these page counts; None when any is unknown (a column the kernel did not print)."""
+    total = 0
+    for n in pages:
+        if n is None:
+            return None
+        total += n
+    return total * page_size
+
+
+def _largest_first(row: TaskRow) -> tuple[int, int]:
+    return -row.rss_pages, row.pid
+
+
+def top_holders(rows: Sequence[TaskRow], page_size: int, killed_pids: Iterable[int] = (),
                 limit_bytes: Optional[int] = None, count: int = TOP_HOLDERS) -> list[dict]:
     """The `count` largest tasks by rss, largest first (ties: lower pid first): pid, comm, rss_bytes,
     anon_bytes/file_bytes/shmem_bytes (None where the kernel does not split rss), limit_share (rss over the
     limit, None when unknown) and killed."""
     killed = set(killed_pids)
-    ranked = sorted(rows, key=lambda r: (-r.rss_pages, r.pid))[:count]
-    return [
-        {"pid": r.pid, "comm": r.name, **_row_bytes(r, page_size),
-         "limit_share": _share(r.rss_pages * page_size, limit_bytes), "killed": r.pid in killed}
-        for r in ranked
-    ]
+    out = []
+    for r in sorted(rows, key=_largest_first)[:count]:
+        rss = r.rss_pages * page_size
+        anon, file, shmem = r.rss_anon_pages, r.rss_file_pages, r.rss_shmem_pages
+        out.append({"pid": r.pid, "comm": r.name, "rss_bytes": rss,
+                    "anon_bytes": None if anon is None else anon * page_size,
+                    "file_bytes": None if file is None else file * page_size,
+                    "shmem_bytes": None if shmem is None else shmem * page_size,
+                    "limit_share": round(rss / limit_bytes, 4) if limit_bytes else None, "killed": r.pid in killed})
+    return out
 
 
-def pools(rows: Iterable[TaskRow], page_size: int, killed_pids: Iterable[int] = (),
+def pools(rows: Sequence[TaskRow], page_size: int, killed_pids: Iterable[int] = (),
           limit_bytes: Optional[int] = None) -> list[dict]:
     """Tasks that share a comm (POOL_MIN_PROCESSES or more), summed, largest first: comm, processes,
     rss_bytes (the sum of their rss: pages they share, such as a forked parent's, count once in each), the
     split sums where the kernel splits rss, limit_share, killed (how many of them were killed)."""
+    if len({r.name for r in rows}) == len(rows):  # no two tasks share a comm: no pool (most reports)
+        return []
     killed = set(killed_pids)
     by_comm: dict[str, list[TaskRow]] = {}
     for r in rows:
@@ -154,12 +166,12 @@ def pools(rows: Iterable[TaskRow], page_size: int, killed_pids: Iterable[int] = 
     for comm, members in by_comm.items():
         if len(members) < POOL_MIN_PROCESSES:
             continue
-        sums: dict[str, Optional[int]] = {}
-        for key in ("rss_bytes", "anon_bytes", "file_bytes", "shmem_bytes"):
-            parts = [_row_bytes(m, page_size)[key] for m in members]
-            sums[key] = None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
-        out.append({"comm": comm, "processes": len(members), **sums,
-                    "limit_share": _share(sums["rss_bytes"], limit_bytes),
+        rss = _sum_pages((m.rss_pages for m in members), page_size)
+        out.append({"comm": comm, "processes": len(members), "rss_bytes": rss,
+                    "anon_bytes": _sum_pages((m.rss_anon_pages for m in members), page_size),
+                    "file_bytes": _sum_pages((m.rss_file_pages for m in members), page_size),
+                    "shmem_bytes": _sum_pages((m.rss_shmem_pages for m in members), page_size),
+                    "limit_share": _share(rss, limit_bytes),
                     "killed": sum(1 for m in members if m.pid in killed)})
     out.sort(key=lambda p: (-(p["rss_bytes"] or 0), p["comm"]))
     return out
