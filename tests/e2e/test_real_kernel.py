@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.deploy.dashboard import panel_queries
-from tests.e2e.conftest import E2ERun, ScenarioRun, select
+from tests.e2e.conftest import E2ERun, ScenarioRun, boot_for, load_run, select
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +31,7 @@ OOM_SCENARIOS = [
     "e_global_oom",
     "h_deleted_container",
     "i_prometheus_dashboard",
-    *(HOLDERS := ["l_holders_pool", "m_holders_shm"]),  # n_holders_writer: its own run (holders_scenario.py)
+    *(HOLDERS := ["l_holders_pool", "m_holders_shm"]),  # n_holders_writer: its own boot (holders_scenario.py)
 ]
 # h: the agent is paused (SIGSTOP) through the kill and the container's deletion, so its latency and the
 # cgroup's final memory.events (gone before the agent could read them) are not the agent's to know
@@ -619,14 +619,23 @@ def printed_report(sc: ScenarioRun):
     return reports[0]
 
 
-@pytest.mark.parametrize("name", HOLDERS)
-def test_what_held_the_memory_is_the_kernel_s_report(e2e: E2ERun, name: str):
+@pytest.fixture(scope="module")
+def writer_run() -> E2ERun:
+    """n_holders_writer in a boot of its own (its RAM disk is not left to the main boot's global OOM), or the
+    artefacts of OOMWATCH_WRITER_RUN=<dir>."""
+    run_dir, result = boot_for("n_holders_writer", "holders-writer", "OOMWATCH_WRITER_RUN")
+    return load_run(run_dir, result, None, 0.0)
+
+
+@pytest.mark.parametrize("name", [*HOLDERS, "n_holders_writer"])
+def test_what_held_the_memory_is_the_kernel_s_report(request, name: str):
     """Issue 21 on the real kernel: the incident's breakdown is the kernel's printed stats and within 1% of the
     limit of the memory.stat the scenario read just before the kill; the top holders are the task table's
     largest rows; the verdict is the scenario's."""
     from oomwatch.holders import BREAKDOWN_KEYS, breakdown
     from oomwatch.parse.memstat import parse_memory_stat_block
 
+    e2e: E2ERun = request.getfixturevalue("writer_run" if name == "n_holders_writer" else "e2e")
     sc = e2e.scenario(name)
     require_agent_view(sc, e2e)
     (k,) = sc.kernel
