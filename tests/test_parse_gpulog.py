@@ -62,6 +62,14 @@ CASES: dict[str, tuple] = {
         GPU, "cuda-oom", 0, 22.00 * MiB, 23.65 * GiB, 11.06 * MiB, 22.90 * GiB, 22.90 * GiB + 194.87 * MiB,
         23.60 * GiB, 0),
     "jax-13428-xla-resource-exhausted.txt": (UNKNOWN, "xla", None, 6291456, None, None, None, None, None, 19),
+    # Captured on an H100 (fixtures/gpulogs/SOURCES.md): PyTorch 2.11, jaxlib 0.11 (its size in GiB, its
+    # allocator named in the message), CuPy 14.
+    "h100-torch-2.11-cuda-oom.txt": (
+        GPU, "cuda-oom", 0, 200.00 * GiB, 79.18 * GiB, 78.66 * GiB, 0, 0, 518.00 * MiB, 0),
+    "h100-torch-2.11-cuda-oom-filled.txt": (
+        GPU, "cuda-oom", 0, 4.00 * GiB, 79.18 * GiB, 2.66 * GiB, 76.00 * GiB, 76.00 * GiB, 76.51 * GiB, 0),
+    "h100-jax-0.11-xla-resource-exhausted.txt": (GPU, "xla", 0, 200 * GiB, None, None, None, None, None, 0),
+    "h100-cupy-14-outofmemoryerror.txt": (GPU, "cupy", None, 200 * GiB, None, None, 0, None, None, 0),
     "colabfold-65-jax-runtimeerror.txt": (UNKNOWN, "xla", None, 14285187448, None, None, None, None, None, 0),
     "jax-4994-arm-cpu-resource-exhausted.txt": (UNKNOWN, "xla", None, 24, None, None, None, None, None, 0),
     "tensorflow-models-5527-gpu0-bfc.txt": (GPU, "tensorflow", 0, None, None, None, None, None, None, 2),

@@ -137,7 +137,7 @@ class LogFinding:
     names no device). `kind`: which library said it. Byte counts are as the message printed them (rounded)."""
 
     memory: str
-    kind: str  # cuda-oom | hip-oom | cuda-error | cublas | nccl | xla | tensorflow | cpu-allocator |
+    kind: str  # cuda-oom | hip-oom | cuda-error | cublas | nccl | xla | cupy | tensorflow | cpu-allocator |
     #            python-memoryerror | ray-memory-monitor | js-heap
     evidence: tuple[str, ...]
     lines_after: int  # lines of output after the last evidence line (0: it is the last thing written)
@@ -193,10 +193,16 @@ _NCCL_BYTES = re.compile(r"Failed to CUDA calloc (\d{1,20}) bytes")
 _FREE_LINE = re.compile(r"- Free memory: (?:" + _SIZE + r"|(\d{1,20})\b)")
 _REQUESTED_LINE = re.compile(r"- Requested memory: (?:" + _SIZE + r"|(\d{1,20})\b)")
 # XLA (JAX, and TensorFlow's XLA): `RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6291456 bytes.`
-# (`Resource exhausted:` before jaxlib 0.3, `Out of memory allocating N bytes` from some paths); the device is
-# only known from its allocator's lines (`Allocator (GPU_0_bfc) ran out of memory`), or a TPU's `hbm`.
+# (`Resource exhausted:` before jaxlib 0.3, `Out of memory allocating N bytes` from some paths; jaxlib 0.11 on an
+# H100, captured: `… allocate 200.00GiB with allocator GPU_0_bfc on device 0.`); the device is known from its
+# allocator, named in the message or in the allocator's own lines (`Allocator (GPU_0_bfc) ran out of memory`),
+# or a TPU's `hbm`.
 _XLA = re.compile(r"\b(?:RESOURCE_EXHAUSTED|Resource exhausted): Out of memory "
-                  r"(?:while trying to allocate|allocating) (\d{1,20}) bytes")
+                  r"(?:while trying to allocate|allocating) (?:(\d{1,20}) bytes|" + _SIZE + ")")
+# CuPy's memory pool (captured on an H100, CuPy 14): `cupy.cuda.memory.OutOfMemoryError: Out of memory
+# allocating 214,748,364,800 bytes (allocated so far: 0 bytes).` (what its pool holds: "so far").
+_CUPY = re.compile(r"\bcupy\.cuda\.memory\.OutOfMemoryError: Out of memory allocating (\d{1,3}(?:,\d{3}){0,6}) bytes"
+                   r"(?: \(allocated so far: (\d{1,3}(?:,\d{3}){0,6}) bytes\))?")
 _XLA_TPU = re.compile(r"\bRESOURCE_EXHAUSTED: .{0,200}\bRan out of memory in memory space hbm\b")
 # TensorFlow: `OOM when allocating tensor with shape[64,2016,9,9] and type float on
 # /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc`.
@@ -245,7 +251,13 @@ def _finding_of(lines: list[LogLine], at: int) -> Optional[tuple[int, LogFinding
             tried_bytes=int(nbytes.group(1)) if nbytes else None)
     m = _XLA.search(text)
     if m or _XLA_TPU.search(text):
-        return STRONG, LogFinding(UNKNOWN, "xla", (), 0, tried_bytes=int(m.group(1)) if m else None)
+        tried = (int(m.group(1)) if m.group(1) else size_bytes(m.group(2), m.group(3))) if m else None
+        return STRONG, LogFinding(UNKNOWN, "xla", (), 0, tried_bytes=tried)
+    m = _CUPY.search(text)
+    if m:
+        so_far = m.group(2)
+        return STRONG, LogFinding(GPU, "cupy", (), 0, tried_bytes=int(m.group(1).replace(",", "")),
+                                  allocated_bytes=int(so_far.replace(",", "")) if so_far else None)
     if _TF.search(text):
         return STRONG, _device_finding(LogFinding(UNKNOWN, "tensorflow", (), 0), text, after)
     if _CPU_ALLOCATOR.search(text):
