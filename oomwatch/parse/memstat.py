@@ -24,7 +24,7 @@ import re
 import sys
 from itertools import compress
 from operator import itemgetter
-from typing import Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Callable, Container, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 from oomwatch.parse.kmsg import unescape
 
@@ -157,7 +157,7 @@ def parse_memory_stat_block(text: str, keys: Optional[frozenset[str]] = None) ->
             # once a batch
             shared = list(map(sys.intern, words[::2]))
             zeros = dict.fromkeys(shared, 0) if len(set(shared)) == len(shared) else None
-            dialect = "v1" if ("cache" in shared or "rss" in shared) and "anon" not in shared else "v2"
+            dialect = _dialect(shared)
             kept = {}
             _SHARED_KEYS[:] = shared, zeros, dialect, kept
         if keys is not None:  # the named keys only: int() of a few values, a small dict
@@ -181,8 +181,7 @@ def parse_memory_stat_block(text: str, keys: Optional[frozenset[str]] = None) ->
     if pairs and len(pairs) == block.count("\n") + 1 and len(pairs) <= MAX_STAT_KEYS:  # one pair a line
         fast = {key: int(value) for key, value in pairs}
         if max(fast.values()) <= _U64_MAX:
-            return MemoryStat(_only(fast, keys), "v1" if ("cache" in fast or "rss" in fast)
-                              and "anon" not in fast else "v2", "bytes")
+            return MemoryStat(_only(fast, keys), _dialect(fast), "bytes")
     values: dict[str, int] = {}
     unit = "bytes"
     lines = text.split("\n", MAX_STAT_KEYS + 1)
@@ -213,8 +212,12 @@ def parse_memory_stat_block(text: str, keys: Optional[frozenset[str]] = None) ->
             return None
     if not values:
         return None
-    dialect = "v1" if ("cache" in values or "rss" in values) and "anon" not in values else "v2"
-    return MemoryStat(_only(values, keys), dialect, unit)
+    return MemoryStat(_only(values, keys), _dialect(values), unit)
+
+
+def _dialect(keys: Container[str]) -> str:
+    """A block's dialect from its keys: v1 has `cache`/`rss` (and no `anon`), v2 `anon`/`file`/…"""
+    return "v1" if ("cache" in keys or "rss" in keys) and "anon" not in keys else "v2"
 
 
 def _only(values: dict[str, int], keys: Optional[frozenset[str]]) -> dict[str, int]:
@@ -541,10 +544,10 @@ def _block_values(block: bytes, keys: Optional[frozenset[str]]) -> Optional[dict
             if len(_BLOCK_FORMS) >= _FORMS_KEPT:
                 _BLOCK_FORMS.clear()
             kept = [keys is None or name.decode() in keys for name in names]
-            pattern = re.escape(_ESCAPED_NEWLINE).join(re.escape(name) + (rb" (\d{1,19})" if keep else rb" \d{1,19}")
-                                            for name, keep in zip(names, kept))
-            form = _BLOCK_FORMS[(names, keys)] = (list(map(sys.intern, (n.decode() for n in compress(names, kept)))),
-                                                  re.compile(pattern + rb"(?:\\x0a)?").fullmatch)
+            lines = (re.escape(name) + (rb" (\d{1,19})" if keep else rb" \d{1,19}") for name, keep in zip(names, kept))
+            pattern = re.escape(_ESCAPED_NEWLINE).join(lines) + rb"(?:\\x0a)?"
+            kept_names = [sys.intern(name.decode()) for name in compress(names, kept)]
+            form = _BLOCK_FORMS[(names, keys)] = (kept_names, re.compile(pattern).fullmatch)
         _LAST_FORM[keys] = form
         m = form[1](block)
         if m is None:
@@ -557,8 +560,11 @@ def _row_form(columns: tuple[str, ...]) -> Callable:
     and a name of printable ASCII without a backslash (an escaped byte: the slow way unescapes it) that does not
     start with a number and a space (parse_task_row's rules, in one pattern; its groups are the pid, the
     numeric columns and the name)."""
-    pattern = rb" *\[ *(\d{1,10})\]" + b"".join(rb" +(-?\d{1,20})" if column == "oom_score_adj" else rb" +(\d{1,21})"
-                                                 for column in columns[:-1]) + rb" +(?!-?\d+ )([!-\x5b\x5d-~](?:[ -\x5b\x5d-~]*[!-\x5b\x5d-~])?) *"
+    numbers = b"".join(rb" +(-?\d{1,20})" if column == "oom_score_adj" else rb" +(\d{1,21})"
+                       for column in columns[:-1])
+    # printable, no backslash, no space at either end
+    name = rb"(?!-?\d+ )([!-\x5b\x5d-~](?:[ -\x5b\x5d-~]*[!-\x5b\x5d-~])?)"
+    pattern = rb" *\[ *(\d{1,10})\]" + numbers + rb" +" + name + rb" *"
     if len(_ROW_FORMS) >= _FORMS_KEPT:
         _ROW_FORMS.clear()
     match = _ROW_FORMS[columns] = re.compile(pattern).fullmatch
