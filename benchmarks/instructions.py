@@ -12,16 +12,14 @@ first-time caches cancel out. `reader`: LiveKmsg(prefilter=True).read_available(
 SOCK_SEQPACKET pair and pickle.dumps of each batch (the sends that stand in for the kernel's printk are counted
 too, the same in every tree); `agent`: pickle.loads of each batch and Pipeline.step (the reader's batches are made
 first and subtracted: agent = (reader and agent) - reader). The oomwatch imported is the tree's; the stages are
-this script's, so two trees are measured the same way.
+run.py's `reader_frames` and `agent_steps` from beside this script, so two trees are measured the same way.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import pickle
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,59 +27,25 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 
 
-def _reader_frames(rounds: int) -> list[bytes]:
-    from run import _storm_rounds  # benchmarks/run.py of the tree under test
-
-    from oomwatch.sources.kmsg import LiveKmsg
-
-    records = _storm_rounds(rounds)
-    kernel_end, reader_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    kernel_end.setblocking(False)
-    reader_end.setblocking(False)
-    reader = LiveKmsg("bench", prefilter=True)
-    reader.fd = reader_end.fileno()
-    frames, at = [], 0
-    while at < len(records):
-        while at < len(records):
-            try:
-                kernel_end.send(records[at])
-            except BlockingIOError:
-                break
-            at += 1
-        frames.append(pickle.dumps(list(reader.read_available(limit=4096)), protocol=pickle.HIGHEST_PROTOCOL))
-    return frames
-
-
-def _agent(frames: list[bytes]) -> int:
-    from oomwatch.events import KernelLog, KernelLogEnded
-    from oomwatch.pipeline import Pipeline, Settings
-    from oomwatch.store import Store
-    from oomwatch.workloads import WorkloadResolver
-
-    settings = Settings(boot_id="bench", boot_time=0.0, kmsg_source="kmsg", counting=True)
-    if "page_size" in Settings.__dataclass_fields__:  # as the live agent runs (oomwatch/node.py)
-        settings = Settings(boot_id="bench", boot_time=0.0, kmsg_source="kmsg", counting=True,
-                            page_size=os.sysconf("SC_PAGE_SIZE"))
-    pipeline = Pipeline(settings, Store(), WorkloadResolver(), now=0.0)
-    incidents = 0
-    for n, frame in enumerate(frames):
-        incidents += len(pipeline.step(KernelLog(pickle.loads(frame), drained_at=None), float(n)).publish)
-    return incidents + len(pipeline.step(KernelLogEnded(saved=True), float(len(frames))).publish)
-
-
 def _stage(stage: str, rounds: int) -> None:
-    """Run one stage (this process is the one valgrind counts); says where its oomwatch came from."""
+    """Run one stage (this process is the one valgrind counts); says where its oomwatch came from. The stages
+    are this directory's run.py's (sys.path[0]), whichever tree's oomwatch they drive."""
     import oomwatch
+    from run import _storm_rounds, agent_steps, reader_frames
 
-    frames = _reader_frames(rounds)
+    from oomwatch.pipeline import Settings
+
+    frames, _ = reader_frames(_storm_rounds(rounds))
     if stage == "agent":
-        incidents = _agent(frames)
+        # as the live agent runs (oomwatch/node.py), where the tree knows a page size
+        page = {"page_size": os.sysconf("SC_PAGE_SIZE")} if "page_size" in Settings.__dataclass_fields__ else {}
+        incidents, _ = agent_steps(frames, **page)
         assert incidents == 150 * rounds, incidents
     print(Path(oomwatch.__file__).resolve().parent.parent)
 
 
 def _instructions(tree: Path, stage: str, rounds: int) -> int:
-    env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{tree / 'benchmarks'}")
+    env = dict(os.environ, PYTHONPATH=str(tree))
     done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
                            str(HERE), "--run", stage, str(rounds)], env=env, cwd=tree, capture_output=True,
                           text=True, check=True)

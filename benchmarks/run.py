@@ -114,6 +114,14 @@ def _two_stages(records: list[bytes]) -> tuple[float, float, int]:
     pipeline as one KernelLog event (oomwatch/pipeline.py: correlator, store, deadlines), as its loop does. The
     stages run in two processes at once, so the pipeline keeps up with the slower one. Returns (reader CPU s,
     agent CPU s, incidents); the sends that stand in for the kernel's printk are not counted."""
+    frames, reader_cpu = reader_frames(records)
+    incidents, agent_cpu = agent_steps(frames)
+    return reader_cpu, agent_cpu, incidents
+
+
+def reader_frames(records: list[bytes]) -> tuple[list[bytes], float]:
+    """The reader stage: each batch LiveKmsg(prefilter=True) reads of `records`, pickled; and its CPU seconds
+    (the sends that fill the socket, as a burst of printk fills the ring, not counted)."""
     import pickle
     import socket
 
@@ -128,7 +136,7 @@ def _two_stages(records: list[bytes]) -> tuple[float, float, int]:
     reader_cpu, at = 0.0, 0
     try:
         while at < len(records):
-            while at < len(records):  # fill the socket, as a burst of printk fills the ring
+            while at < len(records):
                 try:
                     kernel_end.send(records[at])
                 except BlockingIOError:
@@ -141,19 +149,27 @@ def _two_stages(records: list[bytes]) -> tuple[float, float, int]:
     finally:
         kernel_end.close()
         reader_end.close()
+    return frames, reader_cpu
+
+
+def agent_steps(frames: list[bytes], **settings) -> tuple[int, float]:
+    """The agent stage: each frame unpickled and stepped through a new Pipeline (`settings`: more of its
+    Settings); (incidents published, CPU seconds of the steps)."""
+    import pickle
+
     from oomwatch.events import KernelLogEnded, KernelLog
     from oomwatch.pipeline import Pipeline, Settings
     from oomwatch.store import Store
     from oomwatch.workloads import WorkloadResolver
 
-    pipeline = Pipeline(Settings(boot_id="bench", boot_time=0.0, kmsg_source="kmsg", counting=True),
+    pipeline = Pipeline(Settings(boot_id="bench", boot_time=0.0, kmsg_source="kmsg", counting=True, **settings),
                         Store(), WorkloadResolver(), now=0.0)
     incidents = 0
     start = time.process_time()
     for n, frame in enumerate(frames):
         incidents += len(pipeline.step(KernelLog(pickle.loads(frame), drained_at=None), float(n)).publish)
     incidents += len(pipeline.step(KernelLogEnded(saved=True), float(len(frames))).publish)
-    return reader_cpu, time.process_time() - start, incidents
+    return incidents, time.process_time() - start
 
 
 def bench_pipeline(rounds: int = 20, repeats: int = 7) -> dict:
