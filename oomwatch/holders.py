@@ -147,7 +147,7 @@ def top_holders(rows: Sequence[TaskRow], page_size: int, killed_pids: Iterable[i
                     "anon_bytes": None if anon is None else anon * page_size,
                     "file_bytes": None if file is None else file * page_size,
                     "shmem_bytes": None if shmem is None else shmem * page_size,
-                    "limit_share": round(rss / limit_bytes, 4) if limit_bytes else None, "killed": r.pid in killed})
+                    "limit_share": _share(rss, limit_bytes), "killed": r.pid in killed})
     return out
 
 
