@@ -277,7 +277,7 @@ def test_an_entry_too_large_for_a_datagram_goes_in_a_sealed_memfd(tmp_path: Path
             for fd in fds:
                 os.close(fd)
         assert dict(decode(content))["MESSAGE"] == huge.explanation.encode()
-        assert sink._socket.memfd_sent == 1 and sink.sent == 1
+        assert sink.memfd_sent == 1 and sink.sent == 1
     finally:
         sink.close()
         server.close()

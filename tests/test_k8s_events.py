@@ -231,7 +231,7 @@ def test_never_blocks_and_drops_when_full(api, caplog):
     assert elapsed < 0.5
     assert accepted[0] is True
     assert accepted.count(False) >= 3  # one in flight, one queued, the rest dropped
-    assert recorder.dropped_count == accepted.count(False)
+    assert recorder.dropped == accepted.count(False)
     assert any("queue full" in r.getMessage() for r in caplog.records)
     api.hold.set()
     assert recorder.wait_idle(5)

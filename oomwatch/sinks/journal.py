@@ -34,17 +34,15 @@ import errno
 import fcntl
 import logging
 import os
-import queue
 import re
 import socket
 import struct
-import threading
-import time
 from typing import Any, Iterable, Optional, Sequence
 
 from oomwatch.deaths import Death
 from oomwatch.model import Incident, Workload
 from oomwatch.sinks import NoLifecycle
+from oomwatch.sinks.worker import QueueWorker
 from oomwatch.timefmt import iso8601
 
 log = logging.getLogger(__name__)
@@ -259,24 +257,30 @@ class JournalSocket:
 
 class JournalSink(NoLifecycle):
     """Sends each incident's journal entries (journal_entries) from a worker thread; never blocks the
-    caller. `sent`, `dropped` and `failed` count entries."""
+    caller. `sent`, `dropped` and `failed` count entries; `memfd_sent` those too large for a datagram."""
 
     def __init__(self, path: str = JOURNAL_SOCKET, *, queue_size: int = 1024, timeout: float = 1.0) -> None:
         self.path = path
         self._timeout = timeout
-        self._queue: "queue.Queue[Optional[bytes]]" = queue.Queue(queue_size)
-        self._thread: Optional[threading.Thread] = None
+        self._worker: QueueWorker[bytes] = QueueWorker("oomwatch-journal", self._send, queue_size)
         self._socket: Optional[JournalSocket] = None
         self.problem: Optional[str] = None  # the last failure, until an entry goes through again
-        self.sent = self.dropped = self.failed = 0
+        self.sent = self.failed = 0
+
+    @property
+    def dropped(self) -> int:
+        return self._worker.dropped
+
+    @property
+    def memfd_sent(self) -> int:
+        return self._socket.memfd_sent if self._socket is not None else 0
 
     def start(self, published: Sequence[dict[str, Any]]) -> None:
         """Incidents the saved state holds were published by an earlier run: not sent again (the journal
         cannot be asked what it has)."""
-        if self._thread is None:
+        if not self._worker.running:
             self._socket = JournalSocket(self.path, self._timeout)
-            self._thread = threading.Thread(target=self._run, name="oomwatch-journal", daemon=True)
-            self._thread.start()
+            self._worker.start()
 
     def publish(self, incident: Incident) -> None:
         for fields in journal_entries(incident):
@@ -288,41 +292,20 @@ class JournalSink(NoLifecycle):
             self._put(encode(fields))
 
     def _put(self, payload: bytes) -> None:
-        try:
-            self._queue.put_nowait(payload)
-        except queue.Full:
-            self.dropped += 1
-            self._trouble(f"{self._queue.maxsize} entries wait already; dropped one")
+        if not self._worker.put(payload):
+            self._trouble(f"{self._worker.size} entries wait already; dropped one")
 
     def close(self, timeout: float = 2.0) -> None:
         """Send what is queued (up to `timeout`), then stop."""
-        if self._thread is None:
+        if not self._worker.running:
             return
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
-        self._thread.join(timeout)
-        self._thread = None
+        self._worker.close(timeout)
         if self._socket is not None:
             self._socket.close()
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """True once everything queued so far was sent or given up on (tests)."""
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return not self._queue.unfinished_tasks
-
-    def _run(self) -> None:
-        while True:
-            payload = self._queue.get()
-            try:
-                if payload is None:
-                    return
-                self._send(payload)
-            finally:
-                self._queue.task_done()
+        return self._worker.wait_idle(timeout)
 
     def _send(self, payload: bytes) -> None:
         assert self._socket is not None

@@ -32,14 +32,13 @@ import datetime as _dt
 import hashlib
 import logging
 import os
-import queue
 import threading
-import time
 from collections import OrderedDict
 from typing import Any, Optional
 
 from oomwatch.deaths import Death
 from oomwatch.model import Incident, Workload
+from oomwatch.sinks.worker import QueueWorker
 
 log = logging.getLogger(__name__)
 
@@ -203,16 +202,14 @@ class PodEventRecorder:
     ) -> None:
         self._client = client
         self.node_name = node_name
-        self._queue: "queue.Queue[Optional[tuple[tuple[Any, ...], dict[str, Any]]]]" = queue.Queue(queue_size)
+        self._worker: QueueWorker[tuple[tuple[Any, ...], dict[str, Any]]] = QueueWorker(
+            "oomwatch-k8s-events", self._handle, queue_size)
         self._posted: OrderedDict[tuple[Any, ...], None] = OrderedDict()
         self._remembered = remembered_keys
         self._retries = retries
         self._retry_seconds = retry_seconds
         self._lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._thread: Optional[threading.Thread] = None
         self.posted_count = 0
-        self.dropped_count = 0
         self.refused_job_events = 0  # job Events the API server refused (403, 404, 422, …)
         self._refused_kinds_logged: set[str] = set()
 
@@ -238,22 +235,18 @@ class PodEventRecorder:
     def enabled(self) -> bool:
         return self._client is not None
 
+    @property
+    def dropped(self) -> int:
+        """Events never posted: the queue was full when they came."""
+        return self._worker.dropped
+
     def start(self) -> None:
-        if self._client is None or self._thread is not None:
-            return
-        self._thread = threading.Thread(target=self._run, name="oomwatch-k8s-events", daemon=True)
-        self._thread.start()
+        if self._client is not None:
+            self._worker.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Post what is queued (up to `timeout`), then stop the worker."""
-        if self._thread is None:
-            return
-        self._stopping.set()
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
-        self._thread.join(timeout)
+        """Post what is queued (up to `timeout`, one try each), then stop the worker."""
+        self._worker.close(timeout)
 
     def _seen(self, key: tuple[Any, ...]) -> bool:
         with self._lock:
@@ -301,27 +294,17 @@ class PodEventRecorder:
     def _queue_event(self, key: tuple[Any, ...], body: dict[str, Any]) -> bool:
         if self._seen(key):
             return False
-        try:
-            self._queue.put_nowait((key, body))
-        except queue.Full:
+        if not self._worker.put((key, body)):
             self._forget(key)
-            self.dropped_count += 1
             log.warning("Kubernetes events: queue full, dropped the event for pod %s/%s",
                         body["metadata"]["namespace"], body["involvedObject"]["name"])
             return False
         return True
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                key, body = item
-                if not self._post(body):
-                    self._forget(key)
-            finally:
-                self._queue.task_done()
+    def _handle(self, item: tuple[tuple[Any, ...], dict[str, Any]]) -> None:
+        key, body = item
+        if not self._post(body):
+            self._forget(key)  # a later publish of the same incident may try again
 
     def _post(self, body: dict[str, Any]) -> bool:
         """Create the Event; True when it exists afterwards (created now or before)."""
@@ -345,7 +328,7 @@ class PodEventRecorder:
                 if attempt == self._retries:
                     log.warning("Kubernetes events: cannot reach the API server: %s", exc)
                     return False
-            if self._stopping.wait(self._retry_seconds * attempt):
+            if self._worker.closing.wait(self._retry_seconds * attempt):
                 # Shutting down: one last try was made; do not hold the agent's exit.
                 return False
         return False
@@ -367,9 +350,4 @@ class PodEventRecorder:
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """True once everything queued so far has been posted or given up on (tests, shutdown)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._queue.unfinished_tasks == 0:
-                return True
-            time.sleep(0.01)
-        return False
+        return self._worker.wait_idle(timeout)

@@ -26,15 +26,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import pwd
-import queue
 import re
 import subprocess
-import threading
-import time
 from typing import Any, Callable, Optional, Sequence
 
 from oomwatch.model import Incident, KilledProcess, Workload
 from oomwatch.sinks import NoLifecycle
+from oomwatch.sinks.worker import QueueWorker
 from oomwatch.timefmt import utc_seconds
 
 log = logging.getLogger(__name__)
@@ -145,58 +143,41 @@ class SlurmAdminCommentSink(NoLifecycle):
     def __init__(self, scontrol: str = "scontrol", *, timeout: float = SCONTROL_TIMEOUT, queue_size: int = 256,
                  user_name: Callable[[int], str] = _user_name) -> None:
         self._scontrol, self._timeout, self._user_name = scontrol, timeout, user_name
-        self._queue: "queue.Queue[Optional[tuple[str, tuple[Workload, ...], Incident]]]" = queue.Queue(queue_size)
-        self._thread: Optional[threading.Thread] = None
+        self._worker: QueueWorker[tuple[str, tuple[Workload, ...], Incident]] = QueueWorker(
+            "oomwatch-slurm", self._handle, queue_size)
         self._off: Optional[str] = None  # why no more is written (no scontrol)
-        self.written = self.ended = self.failed = self.dropped = 0
+        self.written = self.ended = self.failed = 0
+
+    @property
+    def dropped(self) -> int:
+        return self._worker.dropped
 
     def start(self, published: Sequence[dict[str, Any]]) -> None:
-        if self._thread is None:  # the saved incidents were written (or refused) in an earlier life
-            self._thread = threading.Thread(target=self._run, name="oomwatch-slurm", daemon=True)
-            self._thread.start()
+        self._worker.start()  # the saved incidents were written (or refused) in an earlier life
 
     def publish(self, incident: Incident) -> None:
         if self._off:
             return
         for job, steps in slurm_jobs(incident):
-            try:
-                self._queue.put_nowait((job, steps, incident))
-            except queue.Full:
-                self.dropped += 1
+            if not self._worker.put((job, steps, incident)):
                 log.warning("Slurm AdminComment: queue full, job %s's entry dropped", job)
 
     def close(self, timeout: float = 5.0) -> None:
         """Write what is queued (up to `timeout`), then stop the worker."""
-        if self._thread is None:
-            return
-        try:
-            self._queue.put(None, timeout=timeout)
-        except queue.Full:
-            pass
-        self._thread.join(timeout)
+        self._worker.close(timeout)
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """True once everything queued so far was written or given up on (tests, shutdown)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._queue.unfinished_tasks == 0:
-                return True
-            time.sleep(0.01)
-        return False
+        return self._worker.wait_idle(timeout)
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                if not self._off:
-                    self._write(*item)
-            except Exception:  # noqa: BLE001 - one job's failure must not stop the next
-                self.failed += 1
-                log.exception("Slurm AdminComment: job %s", item[0] if item else "?")
-            finally:
-                self._queue.task_done()
+    def _handle(self, item: tuple[str, tuple[Workload, ...], Incident]) -> None:
+        if self._off:
+            return
+        try:
+            self._write(*item)
+        except Exception:  # noqa: BLE001 - counted as this job's failure; the worker goes on
+            self.failed += 1
+            log.exception("Slurm AdminComment: job %s", item[0])
 
     def _scontrol_run(self, *args: str) -> Optional[subprocess.CompletedProcess]:
         try:
