@@ -119,3 +119,55 @@ def test_a_refused_read_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert read.killed_pids is None and read.error == (
         "Permission denied reading /proc/5001/root (another user's or a more capable process's files take "
         "CAP_SYS_PTRACE)")
+
+
+def _opens(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every os.open of the reader, (path, flags), recorded while it still opens them."""
+    calls: list[tuple[str, int]] = []
+    real_open = os.open
+
+    def recording(path, flags, *args, **kwargs):
+        calls.append((str(path), flags))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", recording)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["fifo", "char device", "socket"])
+def test_what_is_not_a_regular_file_is_never_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    kind: str) -> None:
+    """A container's raylet.out made a FIFO, a device (a watchdog starts when it is opened; /dev/null's numbers
+    here) or a socket is looked up with O_PATH only: its type is checked before any open(2) of it for reading."""
+    import socket
+    import stat
+
+    cgroup, proc = node(tmp_path, "5001\n", text=None)
+    logs = Path(proc) / "5001" / "root" / "tmp" / "ray" / "session_latest" / "logs"
+    logs.mkdir(parents=True)
+    target = logs / "raylet.out"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "socket":
+        listener = socket.socket(socket.AF_UNIX)
+        monkeypatch.chdir(logs)  # (a socket's path is at most 107 bytes)
+        listener.bind("raylet.out")
+        listener.close()
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("mknod of a device takes root")
+        os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    calls = _opens(monkeypatch)
+    read = raylet_log_read("k", cgroup, proc)
+    assert read.killed_pids is None and "not a regular file" in (read.error or "")
+    last = [flags for path, flags in calls if path == "raylet.out" or path.startswith("/proc/self/fd/")]
+    assert last and all(flags & os.O_PATH for flags in last), calls
+
+
+def test_a_regular_file_is_opened_for_reading_without_becoming_a_controlling_terminal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cgroup, proc = node(tmp_path, "5001\n")
+    calls = _opens(monkeypatch)
+    assert raylet_log_read("k", cgroup, proc).killed_pids == {3310152, 3310153}
+    reads = [flags for path, flags in calls if not flags & os.O_PATH and not path.endswith("cgroup.procs")]
+    assert len(reads) == 1 and reads[0] & os.O_NOCTTY and reads[0] & os.O_NONBLOCK, calls

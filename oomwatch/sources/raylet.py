@@ -13,8 +13,9 @@ container's root, one directory at a time (no link and no `..` leaves it). Readi
 `/proc/<pid>/root` takes the ptrace read check (the same user and no more capabilities than the agent, else
 CAP_SYS_PTRACE): refused, the read says so and the death is judged without it.
 
-Bounded: at most RAY_PIDS_TRIED processes, the last 64 KiB of one file, never a wait (a FIFO is not opened
-for reading, a process that is gone is the next one's turn).
+Bounded: at most RAY_PIDS_TRIED processes, the last 64 KiB of one file, never a wait and never an open(2) of anything but a regular file (each component is looked up with O_PATH and
+its type checked first: a device's driver is never called, a FIFO never joined), a process that is gone is the
+next one's turn.
 """
 
 from __future__ import annotations
@@ -63,12 +64,10 @@ def _live_pids(cgroup_dir: str) -> tuple[int, ...]:
 def read_tail_in_root(root: str, path: str, limit: int) -> bytes:
     """The last `limit` bytes of `path` as a process whose root directory is `root` sees it (its symlinks
     resolved against `root`), without its first line when that was cut. Raises OSError as open(2) would; a
-    file that is not a regular file is refused (EINVAL)."""
+    file that is not a regular file is refused (EINVAL) before it is ever opened for reading."""
     fd = open_in_root(root, path)
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
         start = max(0, info.st_size - limit)
         data = os.pread(fd, limit, start)
     finally:
@@ -79,12 +78,19 @@ def read_tail_in_root(root: str, path: str, limit: int) -> bytes:
     return data
 
 
+# Every component is first looked up with O_PATH: no open(2) of the file itself happens (a device's driver is not
+# called, a FIFO not joined, a terminal not made ours); only a regular file is then opened for reading.
+_LOOKUP = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def open_in_root(root: str, path: str) -> int:
-    """A read-only descriptor of `path` looked up under `root` as if `root` were `/`: each component opened
-    with O_NOFOLLOW relative to its directory, each symlink read and resolved here (an absolute one from
-    `root`), `..` never above `root`; a FIFO or device is opened without waiting (O_NONBLOCK)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    dirs = [os.open(root, flags & ~os.O_NOFOLLOW | os.O_DIRECTORY)]  # (root itself: /proc/PID/root, a link)
+    """A read-only descriptor of the regular file `path` looked up under `root` as if `root` were `/`: each
+    component looked up with O_PATH|O_NOFOLLOW relative to its directory, each symlink read and resolved here (an
+    absolute one from `root`), `..` never above `root`. The last component's type is checked on its O_PATH
+    descriptor (fstat) and only a regular file is opened for reading (through /proc/self/fd, the inode the check
+    saw, with O_NOCTTY|O_NONBLOCK): a device, FIFO or socket is refused (EINVAL) without being opened."""
+    dirs = [os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]  # (root itself: /proc/PID/root, a link)
     parts = _parts(path)
     links = 0
     try:
@@ -95,14 +101,20 @@ def open_in_root(root: str, path: str) -> int:
                     os.close(dirs.pop())
                 continue
             try:
-                fd = os.open(part, flags | (os.O_NONBLOCK if not parts else os.O_DIRECTORY), dir_fd=dirs[-1])
+                fd = os.open(part, _LOOKUP | (0 if not parts else os.O_DIRECTORY), dir_fd=dirs[-1])
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
+                fd = None
+                error = exc
+            if fd is not None and not parts and stat.S_ISLNK(os.fstat(fd).st_mode):
+                os.close(fd)  # O_PATH|O_NOFOLLOW gives the last component's link itself: resolved below
+                fd, error = None, OSError(errno.ELOOP, "a symbolic link", path)
+            if fd is None:
                 try:
                     target = os.readlink(part, dir_fd=dirs[-1])
                 except OSError:
-                    raise exc from None  # not a link: a file where a directory was wanted
+                    raise error from None  # not a link: a file where a directory was wanted
                 links += 1
                 if links > MAX_LINKS:
                     raise OSError(errno.ELOOP, "too many symbolic links", path) from None
@@ -114,10 +126,26 @@ def open_in_root(root: str, path: str) -> int:
             dirs.append(fd)
         if len(dirs) == 1:
             raise OSError(errno.EISDIR, "is the root directory", path)
-        return dirs.pop()
+        return _open_regular(dirs.pop(), path)
     finally:
         for fd in dirs:
             os.close(fd)
+
+
+def _open_regular(path_fd: int, path: str) -> int:
+    """A read descriptor of the regular file `path_fd` (an O_PATH descriptor, closed here) refers to."""
+    try:
+        checked = os.fstat(path_fd)
+        if not stat.S_ISREG(checked.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        fd = os.open(f"/proc/self/fd/{path_fd}", _READ)
+    finally:
+        os.close(path_fd)
+    opened = os.fstat(fd)
+    if (opened.st_dev, opened.st_ino) != (checked.st_dev, checked.st_ino) or not stat.S_ISREG(opened.st_mode):
+        os.close(fd)  # not the inode checked (cannot happen while the O_PATH descriptor held it): refused all the same
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
 
 
 def _parts(path: str) -> list[str]:
