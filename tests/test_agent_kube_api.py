@@ -15,8 +15,7 @@ from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.runtime import RuntimeNames
 from tests.conftest import wait_for
 from tests.replay import Replay, live_settings, tree_events
-from tests.test_k8s_events import FakeEventsApi
-from tests.test_kubeapi import NODE, PYTORCH_UID, FakeApiServer
+from tests.test_kubeapi import NODE, PYTORCH_UID, node_api
 
 CONTAINER_ID = "6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b"
 POD_CG = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{PYTORCH_UID.replace('-', '_')}.slice"
@@ -31,13 +30,12 @@ def kill(seq: int, pid: int, comm: str) -> bytes:
 def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) -> None:
     tree = tmp_path / "cgroup"
     (tree / CTR_CG.lstrip("/")).mkdir(parents=True)
-    events_api = FakeEventsApi()
-    with FakeApiServer() as pods_api:
-        monkeypatch.setattr(kubeapi, "in_cluster_client", lambda *a, **k: pods_api.client())
+    with node_api() as api:
+        monkeypatch.setattr(kubeapi, "in_cluster_client", lambda *a, **k: api.client())
         pod_index = kubeapi.PodIndex.from_environment(node_name=NODE)
         assert pod_index is not None
         pod_index.start()
-        sink = PodEventSink(PodEventRecorder(events_api.client(), NODE))
+        sink = PodEventSink(PodEventRecorder(api.client(), NODE))
         sink.start(())
         try:
             assert pod_index.wait_synced(5)
@@ -55,7 +53,7 @@ def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) ->
             ]], drained_at=1.0))
             replay.settle()
             (incident,) = replay.published
-            assert wait_for(lambda: len(events_api.events) == 2)  # the pod's Event and its PyTorchJob's
+            assert wait_for(lambda: len(api.events) == 2)  # the pod's Event and its PyTorchJob's
         finally:
             sink.close()
             pod_index.stop()
@@ -63,7 +61,7 @@ def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) ->
     assert workload["pod_uid"] == PYTORCH_UID and workload["container_id"] == CONTAINER_ID
     assert workload["job"]["kind"] == "PyTorchJob" and workload["owner"]
     assert workload["namespace"] and workload["pod"]
-    event, job_event = sorted(events_api.events.values(), key=lambda e: e["involvedObject"]["kind"] != "Pod")
+    event, job_event = sorted(api.events.values(), key=lambda e: e["involvedObject"]["kind"] != "Pod")
     assert event["reason"] == "OOMGroupKill" and event["type"] == "Warning"
     assert event["message"] == incident.explanation
     assert event["involvedObject"]["uid"] == PYTORCH_UID and event["involvedObject"]["name"] == workload["pod"]

@@ -4,20 +4,16 @@ pod, an incident is posted once (also across a restart), and the caller never wa
 from __future__ import annotations
 
 import datetime
-import json
 import logging
-import threading
 import time
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
-from lightkube import Client, KubeConfig
-from lightkube.config.models import Cluster, User
 
 from oomwatch.model import Incident, KilledProcess, Workload
 from oomwatch.sinks.k8s_events import PodEventRecorder, event_for_incident, event_name
+from tests.fakeapi import FakeApiServer
 
 NODE = "gpu-node-7"
 KILL_TIME = datetime.datetime(2026, 11, 22, 17, 38, 21, 123456, tzinfo=datetime.timezone.utc).timestamp()
@@ -26,78 +22,10 @@ CGROUP = ("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod24f2bb
           "cri-containerd-6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b.scope")
 
 
-class FakeEventsApi:
-    """POST /api/v1/namespaces/<ns>/events: stores Events by name; a name seen before gets 409, like the
-    real API server. `hold` makes POSTs wait (a slow API server); `refuse(body)` returning a status code (403,
-    404, 422) answers that Event with it, as the API server's Status."""
-
-    def __init__(self) -> None:
-        self.posts: list[dict[str, Any]] = []
-        self.statuses: list[int] = []
-        self.events: dict[tuple[str, str], dict[str, Any]] = {}
-        self.hold = threading.Event()
-        self.hold.set()
-        self.refuse: Callable[[dict[str, Any]], Optional[int]] = lambda body: None
-        api = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:  # noqa: N802
-                api.hold.wait(10)
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                parts = self.path.split("?")[0].strip("/").split("/")
-                api.posts.append({"path": self.path, "body": body})
-                if parts[:3] != ["api", "v1", "namespaces"] or parts[4:] != ["events"]:
-                    return self._reply(404, {"kind": "Status", "code": 404})
-                key = (parts[3], body["metadata"]["name"])
-                refused = api.refuse(body)
-                if refused is not None:
-                    reason = {403: "Forbidden", 404: "NotFound", 422: "Invalid"}.get(refused, "Failure")
-                    return self._reply(refused, {
-                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": f'events "{key[1]}" is {reason.lower()}', "reason": reason, "code": refused})
-                if key in api.events:
-                    return self._reply(409, {
-                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": f'events "{key[1]}" already exists', "reason": "AlreadyExists",
-                        "details": {"name": key[1], "kind": "events"}, "code": 409})
-                stored = dict(body)
-                stored["metadata"] = dict(body["metadata"], uid="5c1e8a9f-0d2b-4c3e-9f1a-2b3c4d5e6f70",
-                                          resourceVersion="184480", creationTimestamp="2026-11-22T17:38:22Z")
-                api.events[key] = stored
-                return self._reply(201, stored)
-
-            def _reply(self, status: int, body: dict[str, Any]) -> None:
-                api.statuses.append(status)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def client(self) -> Client:
-        config = KubeConfig.from_one(cluster=Cluster(server=self.url), user=User(token="test-token"))
-        return Client(config, trust_env=False)
-
-    def close(self) -> None:
-        self.hold.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def api():
-    server = FakeEventsApi()
-    yield server
-    server.close()
+    with FakeApiServer() as server:
+        yield server
 
 
 def make_incident(kind: str = "group", seq: int = 517, pid: int = 138, **workload_changes: Any) -> Incident:

@@ -23,7 +23,8 @@ from oomwatch.sinks.k8s_events import (
     job_event_for_incident,
 )
 from oomwatch.workloads.kubeapi import pod_info_from_object
-from tests.test_k8s_events import CGROUP, KILL_TIME, NODE, FakeEventsApi, make_incident
+from tests.fakeapi import FakeApiServer
+from tests.test_k8s_events import CGROUP, KILL_TIME, NODE, make_incident
 
 API_FIXTURES = Path(__file__).resolve().parent.parent / "fixtures/workloads/api"
 K8S_VERSIONS = ("1.25.0", "1.35.0")  # as tests/deploy/test_deploy_kubernetes.py validates the manifests
@@ -62,9 +63,8 @@ def plain_job_pod() -> dict[str, Any]:
 
 @pytest.fixture
 def api():
-    server = FakeEventsApi()
-    yield server
-    server.close()
+    with FakeApiServer() as server:
+        yield server
 
 
 def test_jobset_known_from_its_label_gets_its_group_version_and_no_uid():

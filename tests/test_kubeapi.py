@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Optional
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from lightkube import Client, KubeConfig
@@ -18,6 +15,7 @@ from lightkube.config.models import Cluster, User
 
 from oomwatch.workloads import kubeapi
 from oomwatch.workloads.kubeapi import PodIndex, controlling_owner, pod_info_from_object, training_job
+from tests.fakeapi import FakeApiServer
 
 API = Path(__file__).resolve().parent.parent / "fixtures" / "workloads" / "api"
 NODE = "gpu-node-7"
@@ -28,77 +26,12 @@ BARE_UID = "9c8b7a6f-5e4d-4c3b-a2f1-0e9d8c7b6a59"
 KUEUE_UID = "e3b0c442-98fc-4c14-9afb-f4c8996fb924"
 
 
-class FakeApiServer:
-    """Serves GET /api/v1/pods: the fixture PodList, then one watch stream of the fixture events; later
-    watches hang until shutdown (like a quiet API server). `list_status` != 200 makes lists fail."""
-
-    def __init__(self, list_status: int = 200) -> None:
-        self.requests: list[dict[str, Any]] = []
-        self.list_status = list_status
-        self.closing = threading.Event()
-        self.watches = 0
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # keep pytest output clean
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-                url = urlsplit(self.path)
-                query = {k: v[0] for k, v in parse_qs(url.query).items()}
-                server.requests.append({"path": url.path, "query": query,
-                                        "authorization": self.headers.get("Authorization")})
-                if url.path != "/api/v1/pods":
-                    self._json(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404})
-                    return
-                if query.get("watch") == "true":
-                    self._watch()
-                elif server.list_status != 200:
-                    self._json(server.list_status, {
-                        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                        "message": 'pods is forbidden: User "system:serviceaccount:oomwatch:oomwatch" cannot list '
-                                   'resource "pods" in API group "" at the cluster scope',
-                        "reason": "Forbidden", "details": {"kind": "pods"}, "code": server.list_status})
-                else:
-                    self._json(200, json.loads((API / "podlist-gpu-node-7.json").read_text()))
-
-            def _json(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _watch(self) -> None:
-                server.watches += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()  # HTTP/1.0: the body ends when the connection closes
-                if server.watches == 1:
-                    for line in (API / "watch-gpu-node-7.jsonl").read_text().splitlines():
-                        self.wfile.write(line.encode() + b"\n")
-                        self.wfile.flush()
-                    return
-                server.closing.wait(10)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def __enter__(self) -> "FakeApiServer":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.closing.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def client(self) -> Client:
-        config = KubeConfig.from_one(cluster=Cluster(server=self.url), user=User(token="test-token"))
-        return Client(config, trust_env=False)
+def node_api(**kwargs: Any) -> FakeApiServer:
+    """The API server of node gpu-node-7: the fixture PodList, then one watch stream of the fixture events;
+    later watches hang until shutdown (like a quiet API server)."""
+    listing = json.loads((API / "podlist-gpu-node-7.json").read_text())
+    return FakeApiServer(listing["items"], resource_version=listing["metadata"]["resourceVersion"],
+                         watch_lines=(API / "watch-gpu-node-7.jsonl").read_text().splitlines(), **kwargs)
 
 
 def _wait_for(predicate, timeout: float = 5.0) -> bool:
@@ -111,7 +44,7 @@ def _wait_for(predicate, timeout: float = 5.0) -> bool:
 
 
 def test_pod_index_lists_and_watches_only_its_node():
-    with FakeApiServer() as api:
+    with node_api() as api:
         index = PodIndex(NODE, api.client())
         index.start()
         try:
@@ -165,7 +98,7 @@ def test_pod_index_lists_and_watches_only_its_node():
 
 def test_forbidden_degrades_to_none_after_one_log_line(caplog):
     caplog.set_level(logging.DEBUG, logger="oomwatch.workloads.kubeapi")
-    with FakeApiServer(list_status=403) as api:
+    with node_api(list_status=403) as api:
         index = PodIndex(NODE, api.client(), retry_seconds=0.02, max_retry_seconds=0.02)
         index.start()
         try:

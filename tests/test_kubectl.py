@@ -6,12 +6,9 @@ outside Kubernetes (fixtures/golden/memcg-scenarios)."""
 from __future__ import annotations
 
 import json
-import threading
 from copy import deepcopy
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Optional
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any
 
 import pytest
 import yaml
@@ -19,6 +16,7 @@ from click.testing import CliRunner
 
 from oomwatch import kubectl
 from oomwatch.kubectl import AGENT_SELECTOR, Agent, kubeconfig_path, pick_agent, pod_incidents, proxy_path
+from tests.fakeapi import FakeApiServer
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "fixtures" / "golden"
@@ -54,115 +52,6 @@ def agent_pod(name: str, node: str, phase: str = "Running", namespace: str = "oo
             "status": {"phase": phase}}
 
 
-class FakeApiServer:
-    """GET a pod; list pods by label and field selector (evaluated here, as the API server would); GET
-    /api/v1/namespaces/NS/pods/NAME:PORT/proxy/incidents answered by the named agent's `incidents`."""
-
-    def __init__(self, pods: list[dict[str, Any]], incidents: dict[str, Any]) -> None:
-        self.pods = pods
-        self.incidents = incidents  # agent pod name -> the body of its /incidents (list, or (status, text))
-        self.requests: list[dict[str, Any]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-                url = urlsplit(self.path)
-                query = {k: v[0] for k, v in parse_qs(url.query).items()}
-                server.requests.append({"path": unquote(url.path), "query": query,
-                                        "authorization": self.headers.get("Authorization")})
-                parts = unquote(url.path).strip("/").split("/")
-                if parts == ["api", "v1", "pods"] or (len(parts) == 5 and parts[2] == "namespaces"
-                                                      and parts[4] == "pods"):
-                    namespace = parts[3] if len(parts) == 5 else None
-                    self._json(200, {"kind": "PodList", "apiVersion": "v1",
-                                     "metadata": {"resourceVersion": "7"},
-                                     "items": [p for p in server.pods if _selected(p, query)
-                                               and namespace in (None, p["metadata"]["namespace"])]})
-                elif parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6 and parts[4] == "pods":
-                    found = [p for p in server.pods if (p["metadata"]["namespace"], p["metadata"]["name"])
-                             == (parts[3], parts[5])]
-                    self._json(200, found[0]) if found else self._status(404, f'pods "{parts[5]}" not found')
-                elif parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == ["pods"] and parts[6:] == [
-                        "proxy", "incidents"]:
-                    self._proxy(parts[3], parts[5])
-                else:
-                    self._status(404, "the server could not find the requested resource")
-
-            def _proxy(self, namespace: str, target: str) -> None:
-                name, _, port = target.rpartition(":")
-                agent = [p for p in server.pods if (p["metadata"]["namespace"], p["metadata"]["name"]) ==
-                         (namespace, name)]
-                if not agent or name not in server.incidents:
-                    self._status(503, f"error trying to reach service: dial tcp 10.0.0.9:{port}: connect: "
-                                      "connection refused")
-                    return
-                answer = server.incidents[name]
-                if isinstance(answer, tuple):
-                    status, text = answer
-                    data = text.encode()
-                    self.send_response(status)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                else:
-                    self._json(200, answer)
-
-            def _status(self, code: int, message: str) -> None:
-                self._json(code, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                                  "message": message, "reason": "NotFound" if code == 404 else "Forbidden",
-                                  "code": code})
-
-            def _json(self, status: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                       daemon=True)
-
-    def __enter__(self) -> "FakeApiServer":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def kubeconfig(self, path: Path, namespace: Optional[str] = None) -> Path:
-        context: dict[str, Any] = {"cluster": "fake", "user": "dev"}
-        if namespace:
-            context["namespace"] = namespace
-        path.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-            "users": [{"name": "dev", "user": {"token": "dev-token"}}],
-            "contexts": [{"name": "fake", "context": context}]}))
-        return path
-
-
-def _selected(pod: dict[str, Any], query: dict[str, str]) -> bool:
-    labels = pod["metadata"].get("labels", {})
-    for term in filter(None, query.get("labelSelector", "").split(",")):
-        key, _, value = term.partition("=")
-        if labels.get(key) != value:
-            return False
-    for term in filter(None, query.get("fieldSelector", "").split(",")):
-        key, _, value = term.partition("=")
-        assert key == "spec.nodeName", key
-        if pod["spec"].get("nodeName") != value:
-            return False
-    return True
-
-
 def cluster_pods() -> list[dict[str, Any]]:
     return [TRAIN_POD, agent_pod("oomwatch-x7k2p", NODE), agent_pod("oomwatch-a1b2c", "cpu-node-1")]
 
@@ -181,7 +70,7 @@ def why(kubeconfig: Path, *args: str):
 
 
 def test_why_explains_the_pods_kill_as_inspect_does(tmp_path: Path) -> None:
-    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": INCIDENTS}) as api:
+    with FakeApiServer(cluster_pods(), incidents={"oomwatch-x7k2p": INCIDENTS}) as api:
         result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
@@ -204,7 +93,7 @@ def test_why_explains_the_pods_kill_as_inspect_does(tmp_path: Path) -> None:
 
 
 def test_json_output_is_the_agents_incidents_for_the_pod(tmp_path: Path) -> None:
-    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": INCIDENTS}) as api:
+    with FakeApiServer(cluster_pods(), incidents={"oomwatch-x7k2p": INCIDENTS}) as api:
         result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml", "-o", "json")
         other = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml", "-c", "sidecar", "-o", "json")
     assert result.exit_code == 0, result.output
@@ -213,7 +102,7 @@ def test_json_output_is_the_agents_incidents_for_the_pod(tmp_path: Path) -> None
 
 
 def test_namespace_defaults_to_the_contexts(tmp_path: Path) -> None:
-    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": INCIDENTS}) as api:
+    with FakeApiServer(cluster_pods(), incidents={"oomwatch-x7k2p": INCIDENTS}) as api:
         result = why(api.kubeconfig(tmp_path / "config", namespace="ml"), "train-0")
     assert result.exit_code == 0, result.output
     assert api.requests[0]["path"] == "/api/v1/namespaces/ml/pods/train-0"
@@ -223,7 +112,7 @@ def test_a_pod_without_kills_says_how_many_incidents_were_searched(tmp_path: Pat
     quiet = deepcopy(TRAIN_POD)
     quiet["metadata"].update(name="web-1", namespace="shop")
     quiet["status"]["containerStatuses"][0]["lastState"] = {}
-    with FakeApiServer([*cluster_pods(), quiet], {"oomwatch-x7k2p": INCIDENTS}) as api:
+    with FakeApiServer([*cluster_pods(), quiet], incidents={"oomwatch-x7k2p": INCIDENTS}) as api:
         result = why(api.kubeconfig(tmp_path / "config"), "web-1", "-n", "shop")
     assert result.exit_code == 0, result.output
     assert result.output.splitlines()[1:] == [
@@ -231,7 +120,7 @@ def test_a_pod_without_kills_says_how_many_incidents_were_searched(tmp_path: Pat
 
 
 def test_missing_pod_is_an_error_that_names_it(tmp_path: Path) -> None:
-    with FakeApiServer(cluster_pods(), {}) as api:
+    with FakeApiServer(cluster_pods(), incidents={}) as api:
         result = why(api.kubeconfig(tmp_path / "config"), "train-9", "-n", "ml")
     assert result.exit_code == 1
     assert "Error: pod ml/train-9 not found" in result.output
@@ -239,7 +128,7 @@ def test_missing_pod_is_an_error_that_names_it(tmp_path: Path) -> None:
 
 def test_no_agent_on_the_node_says_what_to_check(tmp_path: Path) -> None:
     pods = [TRAIN_POD, agent_pod("oomwatch-a1b2c", "cpu-node-1")]
-    with FakeApiServer(pods, {}) as api:
+    with FakeApiServer(pods, incidents={}) as api:
         result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
     assert result.exit_code == 1
     assert f"no running oomwatch agent on node {NODE}" in result.output
@@ -247,7 +136,7 @@ def test_no_agent_on_the_node_says_what_to_check(tmp_path: Path) -> None:
 
 
 def test_agent_that_does_not_answer_is_reported(tmp_path: Path) -> None:
-    with FakeApiServer(cluster_pods(), {}) as api:
+    with FakeApiServer(cluster_pods(), incidents={}) as api:
         result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
     assert result.exit_code == 1
     assert ("GET /api/v1/namespaces/oomwatch/pods/oomwatch-x7k2p:9717/proxy/incidents: 503 error trying to "
@@ -255,14 +144,14 @@ def test_agent_that_does_not_answer_is_reported(tmp_path: Path) -> None:
 
 
 def test_agent_behind_web_config_auth_is_explained(tmp_path: Path) -> None:
-    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": (401, "Unauthorized\n")}) as api:
+    with FakeApiServer(cluster_pods(), incidents={"oomwatch-x7k2p": (401, "Unauthorized\n")}) as api:
         result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
     assert result.exit_code == 1
     assert "401 Unauthorized" in result.output and "--web-config-file" in result.output
 
 
 def test_agent_namespace_narrows_the_list(tmp_path: Path) -> None:
-    with FakeApiServer(cluster_pods(), {"oomwatch-x7k2p": INCIDENTS}) as api:
+    with FakeApiServer(cluster_pods(), incidents={"oomwatch-x7k2p": INCIDENTS}) as api:
         result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml",
                      "--agent-namespace", "oomwatch")
     assert result.exit_code == 0, result.output
