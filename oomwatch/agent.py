@@ -18,10 +18,9 @@ import time
 from typing import Callable, Optional
 
 from oomwatch.config import Config
-from oomwatch.events import LogTailRead, OomdMarksRead, StateSaved, Stop, Tick
+from oomwatch.events import OomdMarksRead, StateSaved, Stop, Tick
 from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, node_layout, scraped_workloads
-from oomwatch.parse.gpulog import container_log_dir, parse_log_tail, read_log_tail
-from oomwatch.pipeline import Effects, LogRequest, Pipeline, Settings, View
+from oomwatch.pipeline import Effects, Pipeline, Settings, View
 from oomwatch.process import malloc_trimmed, nice_this_thread
 from oomwatch.sinks import EventsFileSink, LogSink, PodEventSink, Sink, StateFileSink
 from oomwatch.sinks.collector import AGENT_CHECKS, AgentStatus, OomwatchCollector
@@ -29,6 +28,7 @@ from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.sources.cgroupsource import CgroupSource, ProcessSource, cgroup_namespace_prefix, oomd_marks
+from oomwatch.sources.containerlog import log_tail_read
 from oomwatch.sources.kernellog import KernelLogSource
 from oomwatch.sources.kubeletconfig import KubeletConfigWatch
 from oomwatch.sources.procconn import ProcConnector, ProcConnectorUnavailable
@@ -221,25 +221,12 @@ def apply_deaths(agent: Agent, fx: Effects) -> None:
             except Exception:  # as publish_to: one sink's failure must not cost the others
                 log.exception("sink %s could not take a death", type(sink).__name__)
     for request in fx.read_logs:
-        agent.events.put(LogTailRead(request.key, container_log_finding(agent.config.pod_log_dir, request)))
+        agent.events.put(log_tail_read(agent.config.pod_log_dir, request.key, request.namespace, request.pod,
+                                       request.pod_uid, request.container))
     for path in fx.read_marks:  # at once: the unit's cgroup goes soon after its processes
         agent.events.put(OomdMarksRead(path, *oomd_marks(agent.fs.abspath(path))))
     for ray in fx.read_ray_logs:  # through a live process of the container: at once, before it stops too
         agent.events.put(raylet_log_read(ray.key, agent.fs.abspath(ray.cgroup), agent.config.proc))
-
-
-def container_log_finding(pod_log_root: str, request: LogRequest):
-    """What the last lines of the container's latest log (`<restart count>.log`, the kubelet's layout) say about
-    memory (oomwatch.parse.gpulog), or None."""
-    folder = container_log_dir(pod_log_root, request.namespace, request.pod, request.pod_uid, request.container)
-    if folder is None:
-        return None
-    try:
-        runs = [int(name[:-4]) for name in os.listdir(folder) if name.endswith(".log") and name[:-4].isdigit()]
-    except OSError:  # no such directory (no kubelet here), or gone with the pod
-        return None
-    data = read_log_tail(f"{folder}/{max(runs)}.log") if runs else None
-    return parse_log_tail(data) if data else None
 
 
 def health_of(agent: Agent) -> tuple[bool, dict]:

@@ -5,7 +5,6 @@ json-file), and the lines that must give nothing. Bounded: only the end of a log
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -20,10 +19,8 @@ from oomwatch.parse.gpulog import (
     MAX_TAIL_BYTES,
     UNKNOWN,
     LogFinding,
-    container_log_dir,
     log_lines,
     parse_log_tail,
-    read_log_tail,
     size_bytes,
 )
 
@@ -239,27 +236,6 @@ def test_sizes() -> None:
     assert size_bytes("0", "bytes") == 0
     assert size_bytes("1" * 30, "EiB") is None  # absurd: unknown, not a huge number
     assert size_bytes("1", "XB") is None
-
-
-def test_container_log_dir_never_leaves_the_root() -> None:
-    assert container_log_dir("/var/log/pods/", "ml", "train-0", "0f1e", "trainer") == \
-        "/var/log/pods/ml_train-0_0f1e/trainer"
-    for bad in (("..", "p", "u", "c"), ("ns", "p/../../etc", "u", "c"), ("ns", "p", "u", ""),
-                ("ns", "p", "u", ".")):
-        assert container_log_dir("/var/log/pods", *bad) is None
-
-
-def test_read_log_tail(tmp_path: Path) -> None:
-    log = tmp_path / "0.log"
-    log.write_bytes(b"a" * 100 + b"\nlast line\n")
-    assert read_log_tail(str(log), limit=10) == b"last line\n"
-    assert read_log_tail(str(log)) == log.read_bytes()
-    assert read_log_tail(str(tmp_path / "absent.log")) is None
-    os.symlink(log, tmp_path / "link.log")
-    assert read_log_tail(str(tmp_path / "link.log")) is None  # not followed
-    os.mkfifo(tmp_path / "fifo.log")
-    assert read_log_tail(str(tmp_path / "fifo.log")) is None  # does not block on a FIFO
-    assert read_log_tail(str(tmp_path)) is None
 
 
 def test_the_worst_lines_take_linear_time() -> None:

@@ -10,13 +10,13 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
-from oomwatch.agent import container_log_finding
 from oomwatch.deaths import SIGKILL, SIGTERM, Death
-from oomwatch.events import KernelLog, LogTailRead, OomdMarksRead, ProcessExeced, ProcessExited, Stop
+from oomwatch.events import KernelLog, OomdMarksRead, ProcessExeced, ProcessExited, Stop
 from oomwatch.model import death_key_of_json, incident_key_of_json
 from oomwatch.pipeline import POD_STATUS_WAIT_SECONDS, Effects, Settings
 from oomwatch.sinks.events import EventsFile, written_keys
 from oomwatch.sources.cgroupfs import Proc
+from oomwatch.sources.containerlog import log_tail_read
 from oomwatch.store import Store
 from oomwatch.timefmt import parse_iso8601
 from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES, raw_records
@@ -268,9 +268,9 @@ def test_a_cuda_oom_in_the_log_of_a_main_process_that_exited_1_is_gpu_oom(tmp_pa
     folder.mkdir(parents=True)
     (folder / "0.log").write_text("2026-11-26T10:00:00.000000000Z stdout F an earlier run ended well\n")
     shutil.copy(GPULOG, folder / "1.log")
-    finding = container_log_finding(str(pods), request)
-    assert finding is not None
-    replay.step(LogTailRead(request.key, finding), BOOT + 32.6)
+    answer = log_tail_read(str(pods), request.key, request.namespace, request.pod, request.pod_uid, request.container)
+    assert answer.key == request.key and answer.finding is not None
+    replay.step(answer, BOOT + 32.6)
     [death] = replay.deaths
     assert (death.cause, death.memory, death.pid, death.exit_code, death.signal) == ("gpu-oom", "gpu", 5001, 1,
                                                                                      None)

@@ -370,38 +370,3 @@ def _xla_device(finding: LogFinding, lines: list[LogLine]) -> LogFinding:
             number = m.group(2) or m.group(3)
             return replace(finding, memory=GPU, device=int(number) if number else None)
     return finding
-
-
-# --- where the kubelet writes it ----------------------------------------------------------------------------
-
-
-def container_log_dir(pod_log_root: str, namespace: str, pod: str, pod_uid: str,
-                      container: str) -> Optional[str]:
-    """`<root>/<namespace>_<pod>_<uid>/<container>`, the directory whose `<restart count>.log` holds each
-    run's output; None when a name could escape it."""
-    for part in (namespace, pod, pod_uid, container):
-        if not part or "/" in part or part in (".", "..") or "\x00" in part:
-            return None
-    return f"{pod_log_root.rstrip('/')}/{namespace}_{pod}_{pod_uid}/{container}"
-
-
-def read_log_tail(path: str, limit: int = MAX_TAIL_BYTES) -> Optional[bytes]:
-    """The last `limit` bytes of a log file (thin reader for `parse_log_tail`); None when it is absent,
-    unreadable, or not a regular file (it may be rotated or removed while being read: that is normal)."""
-    import os
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        start = max(0, st.st_size - limit)
-        return os.pread(fd, limit, start)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
