@@ -594,12 +594,15 @@ class Correlator:
             found = self._memory_reading(oom_cgroup, first.batch)
             if found is not None and first.time - found.taken <= MAX_READING_AGE:
                 reading = (found.stat, round(max(0.0, first.time - found.taken), 3))  # (clocks drift: >= 0)
-        if report is not None or reading is not None:
-            held = held_memory(report, limit_bytes=memory["limit_bytes"] if memory else None,
-                               killed_pids=[p.pid for p in killed], page_size=self._page_size,
-                               victim_rss_bytes=_rss_bytes(victim),
-                               oom_cgroup=b.summary.oom_cgroup if b.summary is not None else None,
-                               memory_stat=reading, tmpfs_volumes=self._tmpfs_mounts(incident.workload))
+        # Every incident says what held the memory from whatever survived: the report's stats, a reading from
+        # before the kill, else the kill lines (never ratelimited).
+        held = held_memory(report, limit_bytes=memory["limit_bytes"] if memory else None,
+                           killed_pids=[p.pid for p in killed], page_size=self._page_size,
+                           victim_rss_bytes=_rss_bytes(victim),
+                           oom_cgroup=b.summary.oom_cgroup if b.summary is not None else None,
+                           memory_stat=reading, tmpfs_volumes=self._tmpfs_mounts(incident.workload),
+                           killed=killed)
+        if held["memory_breakdown"] is not None or held["top_holders"]:
             for name in ("memory_breakdown", "verdict", "verdict_sentence"):
                 _set(incident, name, held[name])
             _set(incident, "top_holders", tuple(held["top_holders"]))

@@ -44,7 +44,8 @@ def explain(incident: Incident, single_process_oom_kill: str = "unknown") -> str
         n = len(incident.died_with)
         sentence += (f" {n} more process{'es' if n > 1 else ''} of {incident.group_cgroup} died with it by SIGKILL "
                      "without a kernel log line (seen by the proc connector).")
-    if incident.verdict != "unknown" and incident.verdict_sentence:
+    if incident.verdict_sentence and (incident.verdict != "unknown"
+                                      or (incident.memory_breakdown or {}).get("source") == "kill_lines"):
         sentence += f" What held the memory: {incident.verdict_sentence}."
     return sentence
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+from oomwatch.model import KilledProcess
 from oomwatch.parse.memstat import MemoryStat, NodeMemInfo, OomMemoryReport, TaskRow
 
 BREAKDOWN_KEYS = (
@@ -279,17 +280,73 @@ def page_size_of(rows: Sequence[TaskRow], victim_pid: Optional[int], victim_rss_
     return next((size for size in PAGE_SIZES if abs(ratio - size) <= 0.1 * size), None)
 
 
+# What a breakdown from the kill lines cannot see: they print the rss of the processes the kernel killed, nothing
+# of the rest of the cgroup's charge.
+KILL_LINES_UNSEEN = ("page cache the killed processes did not map", "kernel memory", "processes not killed")
+_KIB = 1024  # kill lines print kB: rows made from them count 1 KiB "pages"
+
+
+def kill_line_rows(killed: Sequence[KilledProcess]) -> list[TaskRow]:
+    """The killed processes as task rows in KiB (page size 1024), from their kill lines' anon/file/shmem rss;
+    a process whose line printed no sizes (before 4.9: total rss only) is left out."""
+    rows = []
+    for p in killed:
+        parts = (p.anon_rss_bytes, p.file_rss_bytes, p.shmem_rss_bytes)
+        if any(v is None for v in parts):
+            continue
+        anon, file, shmem = (v // _KIB for v in parts)  # type: ignore[operator]
+        rows.append(TaskRow(pid=p.pid, uid=p.uid if p.uid is not None else -1, tgid=p.pid,
+                            total_vm_pages=(p.total_vm_bytes or 0) // _KIB, rss_pages=anon + file + shmem,
+                            rss_anon_pages=anon, rss_file_pages=file, rss_shmem_pages=shmem,
+                            pgtables_bytes=None, nr_ptes=None, swapents_pages=0,
+                            oom_score_adj=p.oom_score_adj if p.oom_score_adj is not None else 0, name=p.comm))
+    return rows
+
+
+def kill_lines_breakdown(rows: Sequence[TaskRow]) -> Optional[dict[str, Any]]:
+    """A process-level breakdown from the kill lines (rows of kill_line_rows): what the killed processes held
+    at the kill, by kind; page cache they did not map and kernel memory are not in it (`unseen`)."""
+    if not rows:
+        return None
+    parts: dict[str, Any] = {"source": "kill_lines", "age_seconds": 0.0}
+    parts.update(dict.fromkeys(BREAKDOWN_KEYS))
+    parts["anon_bytes"] = sum(r.rss_anon_pages or 0 for r in rows) * _KIB
+    parts["file_bytes"] = sum(r.rss_file_pages or 0 for r in rows) * _KIB  # mapped file pages only
+    parts["shmem_bytes"] = sum(r.rss_shmem_pages or 0 for r in rows) * _KIB  # mapped tmpfs/shm pages only
+    parts["unseen"] = list(KILL_LINES_UNSEEN)
+    return parts
+
+
+def _kill_lines_verdict(sizes: Mapping[str, Optional[int]], holders: Sequence[Mapping], pools_: Sequence[Mapping],
+                        limit_bytes: Optional[int]) -> tuple[str, str]:
+    """The verdict from the kill lines alone: a process or pool only by its share of a known limit (of what the
+    killed processes held, one of them always dominates: that says nothing); always said to be partial."""
+    held = (sizes.get("anon_bytes") or 0) + (sizes.get("file_bytes") or 0) + (sizes.get("shmem_bytes") or 0)
+    kinds = ", ".join(f"{k} {human_bytes(sizes[f'{k}_bytes'] or 0)}" for k in ("anon", "file", "shmem")
+                      if sizes.get(f"{k}_bytes"))
+    said = (f"only the kill lines survived: the killed processes held {human_bytes(held)}"
+            + (f" ({kinds})" if kinds else ""))
+    if not limit_bytes:
+        return "unknown", said + "; the limit, page cache they did not map and kernel memory are not in the log"
+    name, sentence = verdict(None, holders, pools_, limit_bytes)
+    return name, said + (f"; {sentence}" if name != "unknown" else
+                         "; page cache they did not map and kernel memory are not in the log")
+
+
 def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int], killed_pids: Sequence[int],
                 page_size: Optional[int], victim_rss_bytes: Optional[int] = None,
                 oom_cgroup: Optional[str] = None, tmpfs_volumes: Sequence[str] = (),
-                memory_stat: Optional[tuple[MemoryStat, float]] = None) -> dict:
+                memory_stat: Optional[tuple[MemoryStat, float]] = None,
+                killed: Sequence[KilledProcess] = ()) -> dict:
     """What held the memory, from one report's memory part (oomwatch.parse.memstat): {"memory_breakdown":
     {source, age_seconds, BREAKDOWN_KEYS…} | None, "top_holders": […], "pools": […], "verdict": VERDICTS,
     "verdict_sentence": str}. `page_size`: the task table's pages (the agent's own; None for a pasted log: told
     from the victim's row, else the rows are left out). `killed_pids`: the victim first. `oom_cgroup`: the
     cgroup the report's summary names; stats of another cgroup (lines of two reports mixed) are not this kill's,
     and are left out. `memory_stat`: (a memory.stat reading of the OOM cgroup known to be from before the kill,
-    seconds before it), used when the report printed no stats block (source "memory.stat")."""
+    seconds before it), used when the report printed no stats block (source "memory.stat"). `killed`: the killed
+    processes with their kill lines' sizes: the last evidence, for the breakdown (source "kill_lines") and the
+    holders (`"from": "kill_lines"`) where the report's own were lost."""
     if report is not None and report.stats is not None and oom_cgroup and report.cgroup not in (None, oom_cgroup):
         report = report._replace(stats=None)
     parts: Optional[dict] = None
@@ -308,8 +365,21 @@ def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int]
     if parts is None and memory_stat is not None and (report is None or report.meminfo is None):
         stat, age = memory_stat
         parts = {"source": "memory.stat", "age_seconds": age, **(breakdown(stat) or {})}
+    for h in holders:
+        h["from"] = "task_table"
+    from_kill_lines = kill_line_rows(killed) if (parts is None or not holders) and killed else []
+    if parts is None:
+        parts = kill_lines_breakdown(from_kill_lines)
+    if not holders and from_kill_lines:
+        holders = top_holders(from_kill_lines, _KIB, killed_pids, limit_bytes)
+        pools_ = pools(from_kill_lines, _KIB, killed_pids, limit_bytes)[:POOLS_KEPT]
+        for h in holders:
+            h["from"] = "kill_lines"
     sizes = {k: parts.get(k) for k in BREAKDOWN_KEYS} if parts else None
-    name, sentence = verdict(sizes, holders, pools_, limit_bytes, tmpfs_volumes)
+    if parts is not None and parts["source"] == "kill_lines":
+        name, sentence = _kill_lines_verdict(sizes, holders, pools_, limit_bytes)
+    else:
+        name, sentence = verdict(sizes, holders, pools_, limit_bytes, tmpfs_volumes)
     if parts is not None and parts["source"] == "memory.stat" and name != "unknown":
         sentence = f"memory.stat read {parts['age_seconds']:.3g} s before the kill: {sentence}"
     return {"memory_breakdown": parts, "top_holders": holders, "pools": pools_, "verdict": name,

@@ -734,7 +734,8 @@ def held_lines(inc: dict) -> list[str]:
         return ["what held the memory: not in the log (its report was ratelimited or lost)"]
     out = []
     if parts is not None:
-        where = {"kmsg": "the kernel's stats", "meminfo": "the node's counters"}.get(
+        where = {"kmsg": "the kernel's stats", "meminfo": "the node's counters",
+                 "kill_lines": "the kill lines: the killed processes only"}.get(
             parts.get("source"), f"memory.stat {parts.get('age_seconds')} s before")
         sizes = ", ".join(f"{name} {human_bytes(parts[key])}" for key, name in _BREAKDOWN_SHOWN if parts.get(key))
         dirty = (parts.get("file_dirty_bytes") or 0) + (parts.get("file_writeback_bytes") or 0)
@@ -745,7 +746,8 @@ def held_lines(inc: dict) -> list[str]:
     pooled = [f"{p['processes']} × {p['comm']} {human_bytes(p['rss_bytes'])}" for p in pools
               if p.get("rss_bytes") is not None]
     if named or pooled:
-        out.append("largest: " + "; ".join(x for x in (", ".join(named), ", ".join(pooled)) if x))
+        which = "largest killed" if holders and holders[0].get("from") == "kill_lines" else "largest"
+        out.append(f"{which}: " + "; ".join(x for x in (", ".join(named), ", ".join(pooled)) if x))
     return out
 
 

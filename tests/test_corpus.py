@@ -127,5 +127,8 @@ def test_a_log_that_names_no_cgroup_is_explained_without_guessing() -> None:
                                  boot_time=BOOT_TIME), node_view=False, clock=lambda: 0.0, tz=UTC, limit=2)
     newest = report["incidents"][0]
     assert newest["explanation"] == ("node (pid 801542) was killed by the OOM killer; the log does not say which "
-                                     "cgroup's limit was hit, or whether the node itself ran out of memory.")
+                                     "cgroup's limit was hit, or whether the node itself ran out of memory. What held the memory: "
+                                     "only the kill lines survived: the killed processes held 114 MiB (anon 101 "
+                                     "MiB, file 13 MiB); the limit, page cache they did not map and kernel memory "
+                                     "are not in the log.")
     assert report["not_shown"] == {"count": 6, "by_workload": {"cgroup unknown": 6}}

@@ -11,7 +11,7 @@ import pytest
 
 from oomwatch.config import Config
 from oomwatch.holders import BREAKDOWN_KEYS, STAT_KEYS_USED, breakdown, held_memory, page_size_of
-from oomwatch.inspect import read_incidents, render_text
+from oomwatch.inspect import held_lines, read_incidents, render_text
 from oomwatch.model import KmsgRecord, ReportMemory, Skipped
 from oomwatch.node import make_correlator
 from oomwatch.parse.kmsg import TextLogStats, parse_kmsg_record, parse_text_log, text_lines
@@ -169,15 +169,32 @@ def test_locked_pages_and_a_writer():
         assert abs(writer[key] - before[key]) <= 0.01 * found["/writer"].memory["limit_bytes"], key
 
 
-def test_a_storm_s_ratelimited_reports_carry_nothing_rather_than_another_report_s_stats():
+def test_a_storm_s_ratelimited_reports_are_explained_from_their_own_kill_lines_never_another_report_s_stats():
+    """Issue 33 item 1: the ratelimit hid most reports' headers in the storm capture, but every kill line is
+    there: those incidents carry a process-level breakdown of their own killed processes (source "kill_lines",
+    with what it cannot see), and their holders are those processes, marked so."""
     incidents = incidents_of(read_like_the_agent(raw_records(KMSG / "linux-6.1-storm-ratelimited.kmsg")))
-    with_stats = [i for i in incidents if i.memory_breakdown is not None]
-    without = [i for i in incidents if i.memory_breakdown is None]
-    assert with_stats and without  # the ratelimit hid some reports' headers: those say nothing
-    assert all(i.top_holders == () and i.verdict == "unknown" for i in without)
-    assert all(i.memory_breakdown["source"] == "kmsg" for i in with_stats)
+    with_stats = [i for i in incidents if i.memory_breakdown["source"] == "kmsg"]
+    from_kills = [i for i in incidents if i.memory_breakdown["source"] == "kill_lines"]
+    assert with_stats and from_kills and len(with_stats) + len(from_kills) == len(incidents) == 150
+    assert all(h["from"] == "task_table" for i in with_stats for h in i.top_holders)
     assert all(i.top_holders[0]["pid"] in {p.pid for p in i.killed} or not i.top_holders[0]["killed"]
                for i in with_stats)
+    for i in from_kills:
+        parts = i.memory_breakdown
+        assert parts["anon_bytes"] == sum(p.anon_rss_bytes for p in i.killed)
+        assert parts["file_bytes"] == sum(p.file_rss_bytes for p in i.killed)
+        assert parts["shmem_bytes"] == sum(p.shmem_rss_bytes for p in i.killed)
+        assert parts["kernel_bytes"] is None and "kernel memory" in parts["unseen"]
+        assert {h["pid"] for h in i.top_holders} <= {p.pid for p in i.killed}
+        assert all(h["killed"] and h["from"] == "kill_lines" for h in i.top_holders)
+        # the hog (python3) held nearly all of what was killed, but the limit went with the report's header: of
+        # what the killed processes held one always dominates, so no process is blamed; what they held is said
+        assert i.top_holders[0]["comm"] == "python3" and i.verdict == "unknown"
+        assert i.verdict_sentence.startswith("only the kill lines survived: the killed processes held ")
+        assert i.verdict_sentence.endswith("; the limit, page cache they did not map and kernel memory are not in "
+                                           "the log")
+        assert i.verdict_sentence in i.explanation
 
 
 def test_the_global_oom_uses_the_node_counters():
@@ -220,14 +237,21 @@ def test_inspect_on_a_pasted_report_prints_what_held_the_memory(tmp_path):
     assert "memory at the kill (the kernel's stats): anon" in lines and "8 × pt_data_worker" in lines
 
 
-def test_inspect_says_when_the_log_does_not_hold_it():
+def test_inspect_says_which_evidence_it_drew_the_memory_from():
     config = Config(kmsg=str(KMSG / "linux-6.1-storm-ratelimited.kmsg"), boot_time=0.0)
     incidents, _ = read_incidents(config, WorkloadResolver(), "false")
     report = {"incidents": [i.to_json() for i in incidents]}
-    assert "what held the memory: not in the log" in "\n".join(render_text_incidents(report))
+    lines = render_text_incidents(report)
+    assert any(line.startswith("memory at the kill (the kill lines: the killed processes only): anon 24 MiB, file ")
+               for line in lines)
+    assert "memory at the kill (the kernel's stats): anon 24 MiB, kernel 204 KiB" in lines
+    assert not any("not in the log" in line for line in lines)  # every kill line survived the ratelimit
+
+
+def test_inspect_says_when_the_log_does_not_hold_it():
+    incident = {"memory_breakdown": None, "top_holders": []}  # a kill counted from memory.events: no lines
+    assert held_lines(incident) == ["what held the memory: not in the log (its report was ratelimited or lost)"]
 
 
 def render_text_incidents(report: dict) -> list[str]:
-    from oomwatch.inspect import held_lines
-
     return [line for inc in report["incidents"] for line in held_lines(inc)]

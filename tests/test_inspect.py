@@ -279,7 +279,8 @@ def test_limit_shows_the_newest_and_sums_up_the_rest_by_workload() -> None:
     assert "147 older kills not shown (--limit); by workload: /storm/c" in out
     data = json.loads(inspect_cli("--kmsg", storm, "--limit", "3", "--json").stdout)
     assert data["not_shown"]["count"] == 147 and sum(data["not_shown"]["by_workload"].values()) == 147
-    assert len(inspect_cli("--kmsg", storm).stdout.splitlines()) < 150, "the default limit keeps it short"
+    # 20 of 150 kills, at most 10 lines each (each says what held the memory: here the kill lines)
+    assert len(inspect_cli("--kmsg", storm).stdout.splitlines()) < 220, "the default limit keeps it short"
 
 
 def test_a_50_mb_name_does_not_hang_the_renderer() -> None:
