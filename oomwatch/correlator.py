@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from oomwatch.model import (
+    STAT_KEYS_USED,
     Incident,
     KilledProcess,
     KmsgRecord,
@@ -47,7 +48,7 @@ from oomwatch.model import (
     OomSuppressed,
     Workload,
 )
-from oomwatch.holders import STAT_KEYS_USED, held_memory
+from oomwatch.holders import held_memory
 from oomwatch.parse.memstat import first_report, part_report
 from oomwatch.parse.oom import OomReaped, parse_oom_line
 from oomwatch.parse.prefilter import REPORT_RECORDS_MAX

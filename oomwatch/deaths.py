@@ -33,7 +33,7 @@ What the node can know, and what it cannot:
 - Ray's memory monitor logs each kill in raylet.out (`… killed due to the node running low on memory`, with
   the killed worker's `pid=`, a pid of the Ray container's pid namespace): the agent reads its tail through a
   live process of the container (`/proc/<pid>/root/tmp/ray/session_latest/logs/raylet.out`,
-  oomwatch.sources.raylet) when a SIGKILL in a Ray pod has no other sender.
+  oomwatch.sources.raylet, oomwatch.parse.raylet) when a SIGKILL in a Ray pod has no other sender.
 - A container's status says OOMKilled when its runtime saw an OOM kill in the container's cgroup at any time
   of the run (containerd's TaskOOM event, from memory.events `oom_kill`), however the container then ended.
   Its last exit was an OOM kill only if the kernel killed its main process.
@@ -47,15 +47,15 @@ have been quiet `settle` seconds; `classify(group, evidence)` gives the verdict 
 from __future__ import annotations
 
 import re
-import signal as _signal
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Optional
 
 from oomwatch.correlator import is_within
 from oomwatch.explain import size
 from oomwatch.model import Incident, Workload
 from oomwatch.parse.gpulog import GPU, LogFinding
+from oomwatch.parse.runtime import RuntimeKill
 
 SIGABRT, SIGKILL, SIGBUS, SIGSEGV, SIGTERM = 6, 9, 7, 11, 15
 
@@ -243,15 +243,6 @@ class OomdMark(NamedTuple):
     kills: Optional[int] = None  # user.oomd_kill after
 
 
-class RuntimeKill(NamedTuple):
-    """`runc kill [--all] <id> <signal>` (or crun's, runsc's, youki's), as exec'd by a runtime's shim."""
-
-    container_id: str
-    signal: int
-    all: bool
-    time: float
-
-
 @dataclass(frozen=True)
 class Evidence:
     """What the node knew when a death was complete. Empty fields: not known (no pod index, no log read)."""
@@ -268,69 +259,6 @@ class Evidence:
     log: Optional[LogFinding] = None  # the workload's last log lines (needs_log)
 
 
-# --- pure parsers of what the sources read --------------------------------------------------------------
-
-
-def parse_oomd_xattr(value: Optional[bytes]) -> Optional[int]:
-    """`user.oomd_ooms` / `user.oomd_kill` as read (a decimal count; None when absent or not a count)."""
-    if value is None:
-        return None
-    text = value.rstrip(b"\x00").strip()
-    if not text.isdigit() or len(text) > 19:
-        return None
-    return int(text)
-
-
-_RUNTIMES = ("runc", "crun", "runsc", "youki")
-# Global options of runc and crun that take a value when not written `--name=value`.
-_VALUE_OPTIONS = {"--root", "--log", "--log-format", "--log-level", "--criu", "--rootless",
-                  "--cgroup-manager"}
-_CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-def runtime_kill_from_argv(argv: Sequence[str], time: float) -> Optional[RuntimeKill]:
-    """A runtime's `kill` command line (/proc/PID/cmdline split at NULs) → what it kills with which signal
-    (default SIGTERM, as runc's); None for any other command line."""
-    if not argv or argv[0].rsplit("/", 1)[-1] not in _RUNTIMES:
-        return None
-    args = list(argv[1:65])
-    at = 0
-    while at < len(args) and args[at].startswith("-"):
-        at += 2 if args[at] in _VALUE_OPTIONS else 1
-    if at >= len(args) or args[at] != "kill":
-        return None
-    rest, kill_all, positional = args[at + 1:], False, []
-    for arg in rest:
-        if arg in ("--all", "-a"):
-            kill_all = True
-        elif arg.startswith("-"):
-            continue
-        else:
-            positional.append(arg)
-    if not positional or not _CONTAINER_ID.fullmatch(positional[0]):
-        return None
-    signum = _signal_number(positional[1]) if len(positional) > 1 else SIGTERM
-    if signum is None:
-        return None
-    return RuntimeKill(container_id=positional[0], signal=signum, all=kill_all, time=time)
-
-
-def _signal_number(text: str) -> Optional[int]:
-    if text.isdigit() and len(text) <= 3:
-        return int(text) if 0 < int(text) < 65 else None
-    name = text.upper()
-    name = name if name.startswith("SIG") else "SIG" + name
-    try:
-        return int(_signal.Signals[name])
-    except KeyError:
-        return None
-
-
-_RAY_KILL = re.compile(r"killed due to the node running low on memory")
-_RAY_SELECTED = re.compile(r"Selected to kill: \(Task: [^)]{0,2000}?\bpid=(\d{1,10})\b")
-_RAY_WHERE = re.compile(r"where the (?:task|lease) \([^)]{0,2000}?\bpid=(\d{1,10})\b")
-
-
 # KubeRay's kinds and the label it puts on every Ray pod (`ray.io/node-type`: head | worker).
 RAY_KINDS = frozenset({"RayJob", "RayCluster", "RayService"})
 RAY_NODE_TYPE_LABEL = "ray.io/node-type"
@@ -340,24 +268,6 @@ def runs_ray(kinds: Iterable[Optional[str]], labels: Mapping[str, str]) -> bool:
     """Whether a pod runs Ray: its job's or controlling owner's kind (`kinds`) is KubeRay's, or it carries
     KubeRay's node-type label. Only such a pod's raylet.out is read for a death in it."""
     return any(kind in RAY_KINDS for kind in kinds) or RAY_NODE_TYPE_LABEL in labels
-
-
-def ray_killed_pids(text: str) -> frozenset:
-    """The pids (in the Ray container's pid namespace) raylet.out says its memory monitor killed: each
-    `Selected to kill: (Task: … pid=N …)` (Ray 2.56+: several at once), or the `where the task (… pid=N …) was
-    running` of the older one-worker message. Candidates it considered and spared are not taken. raylet.out
-    separates the lines of one record with `;`."""
-    pids: set[int] = set()
-    armed = 0  # lines still part of a kill message (the older one names its worker on the line after)
-    for line in text[-(1 << 20):].split("\n"):
-        if _RAY_KILL.search(line):
-            armed = 3
-        if "Selected to kill:" in line:
-            pids.update(int(m.group(1)) for m in _RAY_SELECTED.finditer(line))
-        if armed:
-            pids.update(int(m.group(1)) for m in _RAY_WHERE.finditer(line))
-            armed -= 1
-    return frozenset(pids)
 
 
 # --- the verdict ------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from oomwatch.workloads.runtime import ContainerNames
+from oomwatch.model import ContainerNames
 
 
 class KernelLog(NamedTuple):

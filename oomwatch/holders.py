@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from oomwatch.model import KilledProcess
+from oomwatch.model import V2_KERNEL_PARTS as _V2_KERNEL_PARTS
 from oomwatch.parse.memstat import MemoryStat, NodeMemInfo, OomMemoryReport, TaskRow
 
 BREAKDOWN_KEYS = (
@@ -27,14 +28,7 @@ DOMINANT_SHARE = 0.5
 # A pool is at least two processes of one comm (forked workers keep their parent's name, or set their own).
 POOL_MIN_PROCESSES = 2
 
-# cgroup v2 memory.stat keys the kernel sums into its own `kernel` key (5.18+); older kernels print only the
-# parts, and whichever of them is printed is summed.
 _SUMMED = ("anon_bytes", "file_bytes", "shmem_bytes", "kernel_bytes", "sock_bytes")  # disjoint parts
-_V2_KERNEL_PARTS = ("kernel_stack", "pagetables", "sec_pagetables", "percpu", "slab", "vmalloc")
-# The memory.stat keys breakdown() reads (v2 and v1): what a kept reading needs of the file's ~76 keys.
-STAT_KEYS_USED = frozenset(
-    ("anon", "file", "shmem", "kernel", "file_dirty", "file_writeback", "sock", "unevictable", "slab_reclaimable",
-     "slab_unreclaimable", *_V2_KERNEL_PARTS, "rss", "cache", "dirty", "writeback"))
 
 
 def _v2(values: Mapping[str, int]) -> dict[str, Optional[int]]:

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional, Union
 
 from oomwatch.names import as_logged
-from oomwatch.parse.pressure import Pressure
 
 KIB = 1024
 
@@ -132,6 +131,39 @@ OomLine = Union[OomInvoked, OomStackTask, OomMemcgUsage, OomSummary, OomKilled, 
 
 
 @dataclass(frozen=True)
+class PressureLine:
+    """One line of a PSI file. Averages are percentages (0-100), total is microseconds; None = unknown."""
+
+    avg10: Optional[float] = None
+    avg60: Optional[float] = None
+    avg300: Optional[float] = None
+    total_usec: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Pressure:
+    """memory.pressure: `some` (at least one task stalled) and `full` (all non-idle tasks stalled at once).
+    A line that is missing or unreadable is None."""
+
+    some: Optional[PressureLine] = None
+    full: Optional[PressureLine] = None
+
+    def total_seconds(self, kind: str) -> Optional[float]:
+        line = self.some if kind == "some" else self.full
+        return line.total_usec / 1e6 if line is not None and line.total_usec is not None else None
+
+
+# cgroup v2 memory.stat keys the kernel sums into its own `kernel` key (5.18+); older kernels print only the
+# parts (oomwatch.holders sums whichever of them is printed).
+V2_KERNEL_PARTS = ("kernel_stack", "pagetables", "sec_pagetables", "percpu", "slab", "vmalloc")
+# The memory.stat keys oomwatch.holders.breakdown reads (v2 and v1): what a kept reading needs of the file's
+# ~76 keys (a source keeps only these).
+STAT_KEYS_USED = frozenset(
+    ("anon", "file", "shmem", "kernel", "file_dirty", "file_writeback", "sock", "unevictable", "slab_reclaimable",
+     "slab_unreclaimable", *V2_KERNEL_PARTS, "rss", "cache", "dirty", "writeback"))
+
+
+@dataclass(frozen=True)
 class CgroupStats:
     """What one cgroup v2 directory says about memory, read at one moment. Paths are relative to the cgroup
     root and start with "/" (as the kernel prints them). Missing files are None (older kernels, or the
@@ -151,7 +183,42 @@ class CgroupStats:
     pressure: Optional[Pressure] = None
 
 
+# --- the node ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """The node as oomwatch_node_info labels it (oomwatch.node reads it, the collector exports it)."""
+
+    kernel: str
+    cgroup_version: str
+    single_process_oom_kill: str  # true | false | unknown
+
+
 # --- workloads --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContainerNames:
+    """What the runtime knows about one container (or pod sandbox). None = not known."""
+
+    container_id: Optional[str]
+    container_type: Optional[str] = None  # "sandbox" | "container"
+    container: Optional[str] = None
+    pod: Optional[str] = None
+    namespace: Optional[str] = None
+    pod_uid: Optional[str] = None
+    image: Optional[str] = None
+    sandbox_id: Optional[str] = None
+    runtime: Optional[str] = None  # containerd | cri-o
+    # The container's mounts whose pages are tmpfs, charged to the cgroup that writes them and kept after a
+    # restart: memory-medium emptyDirs and the pod's /dev/shm, as "emptyDir \"NAME\" at /PATH" (see
+    # tmpfs_mounts); what an incident whose shmem filled the limit names
+    tmpfs_mounts: tuple[str, ...] = ()
+
+    @property
+    def is_sandbox(self) -> bool:
+        return self.container_type == "sandbox"
 
 
 @dataclass(frozen=True)

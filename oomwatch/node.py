@@ -12,9 +12,8 @@ from typing import Callable, Iterator, Optional
 from oomwatch.config import Config
 from oomwatch.correlator import BlindView, Correlator, NodeView
 from oomwatch.explain import explain
-from oomwatch.model import CgroupStats, Workload
+from oomwatch.model import CgroupStats, NodeInfo, Workload
 from oomwatch.nodestate import is_workload
-from oomwatch.sinks.collector import NodeInfo
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.sources.cgroupfs import cat as cat_text
 from oomwatch.store import Labels

@@ -50,17 +50,16 @@ from oomwatch.deaths import (
     KernelKill,
     OomdMark,
     PodStatus,
-    RuntimeKill,
     classify,
     kernel_kill_of,
     needs_log,
     runs_ray,
-    runtime_kill_from_argv,
 )
 from oomwatch.explain import explain
 from oomwatch.memreadings import MemoryReadings
 
 from oomwatch.nodestate import NodeState, is_workload
+from oomwatch.parse.runtime import RuntimeKill, runtime_kill_from_argv
 from oomwatch.reconcile import Reconciler, counted_incident
 from oomwatch.model import Garbled, Incident, KmsgRecord, Lost, Skipped, Workload
 from oomwatch.store import Labels, Snapshot, Store

@@ -23,19 +23,18 @@ from oomwatch.deaths import (
     KernelKill,
     OomdMark,
     PodStatus,
-    RuntimeKill,
     classify,
     death_json,
     deaths_of,
     kernel_kill_of,
     needs_log,
-    parse_oomd_xattr,
-    ray_killed_pids,
     runs_ray,
-    runtime_kill_from_argv,
 )
 from oomwatch.model import Incident, KilledProcess, Workload
 from oomwatch.parse.gpulog import parse_log_tail
+from oomwatch.parse.oomd import parse_oomd_xattr
+from oomwatch.parse.raylet import ray_killed_pids
+from oomwatch.parse.runtime import RuntimeKill, runtime_kill_from_argv
 
 GPULOGS = Path(__file__).resolve().parents[1] / "fixtures" / "gpulogs"
 CID = "3f1a6c0e9b2d4c8a7e5f1b3d9c0a2e4f6b8d0c2e4a6b8d0f2e4c6a8b0d2f4e6a"

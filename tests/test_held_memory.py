@@ -10,9 +10,9 @@ import socket
 import pytest
 
 from oomwatch.config import Config
-from oomwatch.holders import BREAKDOWN_KEYS, STAT_KEYS_USED, breakdown, held_memory, page_size_of
+from oomwatch.holders import BREAKDOWN_KEYS, breakdown, held_memory, page_size_of
 from oomwatch.inspect import held_lines, read_incidents, render_text
-from oomwatch.model import KmsgRecord, ReportMemory, Skipped
+from oomwatch.model import STAT_KEYS_USED, KmsgRecord, ReportMemory, Skipped
 from oomwatch.node import make_correlator
 from oomwatch.parse.kmsg import TextLogStats, parse_kmsg_record, parse_text_log, text_lines
 from oomwatch.parse.memstat import memory_reports, parse_memory_stat_block, part_report

@@ -535,7 +535,7 @@ def test_a_ray_worker_killed_by_rays_memory_monitor_is_named_from_raylet_out(tmp
 
 def test_raylet_out_naming_another_pid_leaves_the_sender_unknown(tmp_path: Path) -> None:
     from oomwatch.events import RayLogRead
-    from oomwatch.deaths import ray_killed_pids
+    from oomwatch.parse.raylet import ray_killed_pids
 
     replay, recorded = k8s_node(tmp_path)
     recorded.close()

@@ -381,7 +381,7 @@ def memory_reports(texts: Iterable[str], keys: Optional[frozenset[str]] = None) 
     starts at `Memory cgroup stats for`, `Mem-Info:` or a task table (its title, or the column header alone:
     3.10 prints no title) that follows no other part, and ends with its task table or at the next report.
     Lines of other kinds between the parts (the node's zone lines, `memory: usage`) are skipped.
-    `keys`: the stats block's keys to keep (e.g. oomwatch.holders.STAT_KEYS_USED, what the incident reads; the
+    `keys`: the stats block's keys to keep (e.g. oomwatch.model.STAT_KEYS_USED, what the incident reads; the
     agent's lean form); the block is read and checked the same, and its other keys are not converted.
     None keeps every key (inspect, tests)."""
     state = _ReportState()

@@ -17,36 +17,13 @@ never prints (a negative total, a percentage above 100, garbage) are unknown (No
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
+from oomwatch.model import Pressure, PressureLine
 from oomwatch.parse.cgroup import parse_u64
 
 PRESSURE_KINDS = ("some", "full")
 _AVERAGES = ("avg10", "avg60", "avg300")
-
-
-@dataclass(frozen=True)
-class PressureLine:
-    """One line of a PSI file. Averages are percentages (0-100), total is microseconds; None = unknown."""
-
-    avg10: Optional[float] = None
-    avg60: Optional[float] = None
-    avg300: Optional[float] = None
-    total_usec: Optional[int] = None
-
-
-@dataclass(frozen=True)
-class Pressure:
-    """memory.pressure: `some` (at least one task stalled) and `full` (all non-idle tasks stalled at once).
-    A line that is missing or unreadable is None."""
-
-    some: Optional[PressureLine] = None
-    full: Optional[PressureLine] = None
-
-    def total_seconds(self, kind: str) -> Optional[float]:
-        line = self.some if kind == "some" else self.full
-        return line.total_usec / 1e6 if line is not None and line.total_usec is not None else None
 
 
 def _percentage(text: str) -> Optional[float]:

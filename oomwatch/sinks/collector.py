@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Op
 from oomwatch import __version__
 from oomwatch.deaths import CAUSES
 from oomwatch.holders import MEMORY_TYPES
-from oomwatch.model import CgroupStats, Workload
+from oomwatch.model import CgroupStats, NodeInfo, Workload
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
 from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, SCOPES, Labels, Snapshot, WorkloadCounters
 from oomwatch.names import as_logged
@@ -52,13 +52,6 @@ DROPPABLE = {
 
 # Lines per chunk of the body: about 64 KiB of text.
 CHUNK_LINES = 512
-
-
-@dataclass(frozen=True)
-class NodeInfo:
-    kernel: str
-    cgroup_version: str
-    single_process_oom_kill: str  # true | false | unknown
 
 
 # --- label values --------------------------------------------------------------------------------------

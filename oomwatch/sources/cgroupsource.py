@@ -20,10 +20,10 @@ from oomwatch.events import (
     ProcessExited,
     ProcessForked,
 )
-from oomwatch.deaths import parse_oomd_xattr
 from oomwatch.parse.cgroup import parse_limit
-from oomwatch.holders import STAT_KEYS_USED
+from oomwatch.model import STAT_KEYS_USED
 from oomwatch.parse.memstat import parse_memory_stat_block
+from oomwatch.parse.oomd import parse_oomd_xattr
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc, cat
 from oomwatch.workloads import WorkloadResolver
 

@@ -25,9 +25,9 @@ import os
 import stat
 from typing import Optional
 
-from oomwatch.deaths import ray_killed_pids
 from oomwatch.events import RayLogRead
 from oomwatch.parse.cgroup import parse_pids
+from oomwatch.parse.raylet import ray_killed_pids
 from oomwatch.sources.cgroupfs import cat
 
 RAYLET_OUT = "tmp/ray/session_latest/logs/raylet.out"  # under the container's root (Ray's default temp dir)

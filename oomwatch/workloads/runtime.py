@@ -25,6 +25,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Optional
 
+from oomwatch.model import ContainerNames
+
 log = logging.getLogger(__name__)
 
 # containerd CRI plugin (pkg/cri/annotations); sandbox-uid since containerd 1.6.11 / 1.7.0.
@@ -53,29 +55,6 @@ _CONTAINER_LOG = re.compile(
     r"^(?P<pod>[^_/]+)_(?P<namespace>[^_/]+)_(?P<container>[^/]+)-(?P<id>[0-9a-f]{64})\.log$"
 )
 _MAX_CONFIG_BYTES = 4 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class ContainerNames:
-    """What the runtime knows about one container (or pod sandbox). None = not known."""
-
-    container_id: Optional[str]
-    container_type: Optional[str] = None  # "sandbox" | "container"
-    container: Optional[str] = None
-    pod: Optional[str] = None
-    namespace: Optional[str] = None
-    pod_uid: Optional[str] = None
-    image: Optional[str] = None
-    sandbox_id: Optional[str] = None
-    runtime: Optional[str] = None  # containerd | cri-o
-    # The container's mounts whose pages are tmpfs, charged to the cgroup that writes them and kept after a
-    # restart: memory-medium emptyDirs and the pod's /dev/shm, as "emptyDir \"NAME\" at /PATH" (see
-    # tmpfs_mounts); what an incident whose shmem filled the limit names
-    tmpfs_mounts: tuple[str, ...] = ()
-
-    @property
-    def is_sandbox(self) -> bool:
-        return self.container_type == "sandbox"
 
 
 @dataclass(frozen=True)
