@@ -47,6 +47,16 @@ def _common(fn):
     return fn
 
 
+def log_handler(stream) -> logging.Handler:
+    """The agent's log: one line a record, the names in messages with their control characters shown, not sent
+    (oomwatch.textsafe)."""
+    from oomwatch.textsafe import VisibleFormatter
+
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    return handler
+
+
 def _boot_time(value: Optional[str]) -> Optional[float]:
     if value is None:
         return None
@@ -124,8 +134,7 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
     from oomwatch.agent import Agent
     from oomwatch.sinks.http import parse_listen
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.upper(), handlers=[log_handler(sys.stderr)])
     try:
         parse_listen(listen)
     except ValueError as exc:
@@ -208,6 +217,7 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
 
     from oomwatch.inspect import build_report, parse_since, render_text, terminal_width
     from oomwatch.sources.kmsg import SAVED, kernel_log_kind
+    from oomwatch.textsafe import terminal_text, visible, visible_data
 
     since_ts = None
     if since is not None:
@@ -243,32 +253,36 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
                           limit=limit or None, since_label=since)
     error = (report.get("kmsg") or {}).get("error")
     if error and saved_log:
-        raise click.ClickException(f"cannot read the kernel log: {error}")
+        raise click.ClickException(f"cannot read the kernel log: {visible(error)}")
     for warning in report.get("warnings", []):
-        click.echo(f"oomwatch: warning: {warning}", err=True)
+        click.echo(f"oomwatch: warning: {visible(warning)}", err=True)
     if as_json:
-        click.echo(json.dumps(jsonable(report), indent=2))
+        click.echo(json.dumps(jsonable(report), indent=2))  # (json.dumps writes control characters as \uNNNN)
     else:
         use_color = sys.stdout.isatty() if color is None else color
-        click.echo(render_text(report, color=use_color, width=terminal_width()), nl=False, color=use_color)
+        text = render_text(visible_data(report), color=use_color, width=terminal_width())
+        click.echo(terminal_text(text, use_color), nl=False, color=use_color)
     if error:
-        click.echo(f"oomwatch: cannot read the kernel log ({error}); shown: node posture and workloads", err=True)
+        click.echo(f"oomwatch: cannot read the kernel log ({visible(error)}); shown: node posture and workloads",
+                   err=True)
 
 
 def _inspect_job(config, job, source, since, as_json, color, kernel_log_incidents) -> None:
     """`inspect --job`: the job's kills (oomwatch.jobreport) and the restarts of its pods on this node."""
     from oomwatch.inspect import terminal_width
     from oomwatch.jobreport import IncidentsUnavailable, build_job_report, render_job_text
+    from oomwatch.textsafe import terminal_text, visible, visible_data
 
     try:
         report = build_job_report(config, job, source, since=since, kernel_log_incidents=kernel_log_incidents)
     except IncidentsUnavailable as exc:
-        raise click.ClickException(f"cannot read the incidents: {exc}") from None
+        raise click.ClickException(f"cannot read the incidents: {visible(str(exc))}") from None
     if as_json:
         click.echo(json.dumps(jsonable(report), indent=2))
     else:
         use_color = sys.stdout.isatty() if color is None else color
-        click.echo(render_job_text(report, color=use_color, width=terminal_width()), nl=False, color=use_color)
+        text = render_job_text(visible_data(report), color=use_color, width=terminal_width())
+        click.echo(terminal_text(text, use_color), nl=False, color=use_color)
 
 
 def jsonable(value):

@@ -43,6 +43,7 @@ from oomwatch.deaths import Death
 from oomwatch.model import Incident, Workload
 from oomwatch.sinks import NoLifecycle
 from oomwatch.sinks.worker import QueueWorker
+from oomwatch.textsafe import visible_lines
 from oomwatch.timefmt import iso8601
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def journal_entries(incident: Incident) -> list[list[tuple[str, Any]]]:
         victim = incident.victim
         count = incident.killed_count if incident.killed_count is not None else len(incident.killed)
         fields: list[tuple[str, Any]] = [
-            ("MESSAGE", incident.explanation),
+            ("MESSAGE", visible_lines(incident.explanation)),  # journalctl -a prints it as it is
             ("MESSAGE_ID", MESSAGE_ID),
             ("PRIORITY", PRIORITY_WARNING),
             ("SYSLOG_IDENTIFIER", SYSLOG_IDENTIFIER),
@@ -172,7 +173,7 @@ def death_entry(death: Death) -> Optional[list[tuple[str, Any]]]:
     if unit is None:
         return None
     fields: list[tuple[str, Any]] = [
-        ("MESSAGE", death.explanation),
+        ("MESSAGE", visible_lines(death.explanation)),
         ("MESSAGE_ID", DEATH_MESSAGE_ID),
         ("PRIORITY", PRIORITY_WARNING),
         ("SYSLOG_IDENTIFIER", SYSLOG_IDENTIFIER),

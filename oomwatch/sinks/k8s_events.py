@@ -39,6 +39,7 @@ from typing import Any, Optional
 from oomwatch.deaths import Death
 from oomwatch.model import Incident, Workload
 from oomwatch.sinks.worker import QueueWorker
+from oomwatch.textsafe import visible
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,7 @@ def _body(name: str, involved: dict[str, Any], time: float, reason: str, message
         "metadata": {"name": name, "namespace": involved["namespace"]},
         "involvedObject": involved,
         "reason": reason,
-        "message": message[:_MAX_MESSAGE],
+        "message": visible(message)[:_MAX_MESSAGE],  # (`kubectl describe` prints it to a terminal)
         "type": "Warning",
         "source": {"component": COMPONENT, "host": node_name},
         "reportingComponent": REPORTING_CONTROLLER,
