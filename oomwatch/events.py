@@ -125,8 +125,8 @@ class LogTailRead(NamedTuple):
 
 class RayLogRead(NamedTuple):
     """What the agent read of a Ray pod's raylet.out for a death the pipeline asked about (Effects.read_ray_logs):
-    `killed_pids`, oomwatch.deaths.ray_killed_pids of its last 64 KiB (pids of the Ray container's pid namespace);
-    None when no raylet.out was read (no Ray in that container, the container gone, or the read refused:
+    `killed_pids`, oomwatch.parse.raylet.ray_killed_pids of its last 64 KiB (pids of the Ray container's pid
+    namespace); None when no raylet.out was read (no Ray in that container, the container gone, or the read refused:
     `error` says why when it was more than a missing file)."""
 
     key: str
