@@ -4,12 +4,19 @@ Installed with the package as `kubectl-oomwatch`, which kubectl runs as the plug
 convention: any `kubectl-NAME` on PATH). It uses the caller's kubeconfig, like kubectl, and only reads:
 
 1. GET the pod: its node (`spec.nodeName`) and what Kubernetes says of its containers (`OOMKilled`);
-2. list the agent pods on that node (label selector of the chart and the Kustomize base, `fieldSelector
-   spec.nodeName=NODE`, all namespaces unless `--agent-namespace`);
+2. list the agent pods on that node in the agent's namespace (`--agent-namespace`, default `oomwatch`: where the
+   Kustomize base and the documented `helm install` put it), by the label selector of the chart and the
+   Kustomize base (and `app.kubernetes.io/instance=RELEASE` with `--release`), `fieldSelector
+   spec.nodeName=NODE`; only a pod a DaemonSet controls is an agent, and agents of two DaemonSets (two releases)
+   on the node are refused as ambiguous, not guessed between;
 3. GET the agent's `/incidents` through the API server's pod proxy
    (`/api/v1/namespaces/NS/pods/AGENT:PORT/proxy/incidents`: the `pods/proxy` get permission, no
    port-forward);
 4. print the incidents whose workload is the pod, newest first, as `oomwatch inspect` prints kills.
+
+Why not every namespace: anyone who may create a pod can give it the agent's labels and serve the operator its
+own incidents; only the agent's namespace is trusted (tenants cannot create pods there). Everything printed is
+made safe for a terminal first (oomwatch.textsafe): incidents hold names a tenant chose.
 
 The agent keeps its last 500 incidents (node-wide, since it started or from its state file); a kill older than
 that, or from before the pod's node ran the agent, is not there.
@@ -28,10 +35,13 @@ import click
 
 from oomwatch import __version__
 from oomwatch.inspect import Style, render_text, terminal_width
+from oomwatch.textsafe import terminal_text, visible, visible_data
 from oomwatch.timefmt import utc_seconds
 
-# The labels both the chart and the Kustomize base put on the agent pods (and nothing else carries).
+# The labels both the chart and the Kustomize base put on the agent pods.
 AGENT_SELECTOR = "app.kubernetes.io/name=oomwatch,app.kubernetes.io/component=agent"
+AGENT_NAMESPACE = "oomwatch"  # the Kustomize base's namespace, and the one `helm install -n` is given in the docs
+RELEASE_LABEL = "app.kubernetes.io/instance"  # the chart's: the Helm release's name
 AGENT_PORT = 9717
 
 
@@ -49,17 +59,47 @@ class Agent:
     port: int
 
 
-def pick_agent(pods: list[dict[str, Any]], node: str, selector: str) -> Agent:
-    """The running agent pod among `pods` (a PodList's items), with its metrics port."""
-    running = [p for p in pods if p.get("status", {}).get("phase") == "Running"
+def release_selector(selector: str, release: Optional[str]) -> str:
+    """The agent pods' label selector, narrowed to one Helm release's pods when `release` is given."""
+    return f"{selector},{RELEASE_LABEL}={release}" if release else selector
+
+
+def daemonset_owner(pod: dict[str, Any]) -> Optional[str]:
+    """The name of the DaemonSet that controls `pod` (its controller ownerReference), else None."""
+    for owner in pod["metadata"].get("ownerReferences") or []:
+        if owner.get("controller") and owner.get("kind") == "DaemonSet" and \
+                str(owner.get("apiVersion", "")).startswith("apps/"):
+            return str(owner.get("name") or "")
+    return None
+
+
+def pick_agent(pods: list[dict[str, Any]], node: str, selector: str, namespace: str = AGENT_NAMESPACE) -> Agent:
+    """The running agent pod among `pods` (a PodList's items, listed in `namespace`), with its metrics port: a
+    pod of that namespace that a DaemonSet controls. Agents of more than one DaemonSet on the node (two releases,
+    or the chart beside the Kustomize base) are ambiguous: refused, never guessed between. Among one
+    DaemonSet's pods (a rolling update's surge) the newest."""
+    mine = [p for p in pods if p["metadata"].get("namespace") == namespace and daemonset_owner(p)]
+    running = [p for p in mine if p.get("status", {}).get("phase") == "Running"
                and not p["metadata"].get("deletionTimestamp")]
     if not running:
         states = ", ".join(f"{p['metadata']['namespace']}/{p['metadata']['name']} "
-                           f"{p.get('status', {}).get('phase', '?')}" for p in pods)
+                           f"{p.get('status', {}).get('phase', '?')}" for p in mine)
+        others = len(pods) - len(mine)
+        ignored = (f"; {others} pod{'' if others == 1 else 's'} with those labels but no DaemonSet controlling "
+                   "it ignored" if others else "")
         raise PluginError(
-            f"no running oomwatch agent on node {node} (pods labelled {selector}"
-            + (f": {states})" if states else ": none; does the DaemonSet tolerate the node's taints and "
-               "match its nodeSelector? Or pass --agent-selector if yours are labelled otherwise)"))
+            f"no running oomwatch agent on node {node} in namespace {namespace} (pods labelled {selector}"
+            + (f": {states}{ignored})" if states else f": none{ignored}; is the agent installed in another "
+               "namespace (--agent-namespace)? Does the DaemonSet tolerate the node's taints and match its "
+               "nodeSelector? Or pass --agent-selector if yours are labelled otherwise)"))
+    owners = sorted({daemonset_owner(p) or "" for p in running})
+    if len(owners) > 1:
+        releases = ", ".join(
+            f"DaemonSet {owner}" + "".join(f" (release {r})" for r in sorted({
+                p["metadata"].get("labels", {}).get(RELEASE_LABEL, "") for p in running
+                if daemonset_owner(p) == owner} - {""})) for owner in owners)
+        raise PluginError(f"agents of {len(owners)} DaemonSets run on node {node} in namespace {namespace}: "
+                          f"{releases}; name the release with --release (or --agent-selector)")
     pod = sorted(running, key=lambda p: p["metadata"].get("creationTimestamp", ""))[-1]
     port = AGENT_PORT
     for container in pod["spec"].get("containers", []):
@@ -197,17 +237,16 @@ class Cluster:
         except Exception as exc:  # noqa: BLE001 - unreachable server, TLS: say which and stop
             raise PluginError(f"API server {self.client.config.cluster.server}: {exc}") from None
 
-    def agents(self, node: str, selector: str, namespace: Optional[str]) -> list[dict[str, Any]]:
-        from lightkube import ALL_NS, ApiError
+    def agents(self, node: str, selector: str, namespace: str) -> list[dict[str, Any]]:
+        from lightkube import ApiError
         from lightkube.resources.core_v1 import Pod
 
         labels = dict(part.split("=", 1) for part in selector.split(",") if part)
         try:
             return [p.to_dict() for p in self.client.list(
-                Pod, namespace=namespace or ALL_NS, labels=labels, fields={"spec.nodeName": node})]
+                Pod, namespace=namespace, labels=labels, fields={"spec.nodeName": node})]
         except ApiError as exc:
-            where = f"in {namespace}" if namespace else "in all namespaces (--agent-namespace narrows it)"
-            raise _api_error(exc, f"list agent pods {where}") from None
+            raise _api_error(exc, f"list agent pods in namespace {namespace}") from None
 
     def incidents(self, agent: Agent, scheme: str) -> list[dict[str, Any]]:
         path = proxy_path(agent, scheme)
@@ -247,6 +286,10 @@ def main() -> None:
     Examples:
       kubectl oomwatch why train-0 -n ml            # every kill of the pod the agent still holds
       kubectl oomwatch why train-0 -n ml -c trainer --output json
+      kubectl oomwatch why train-0 -n ml --agent-namespace monitoring --release oomwatch
+
+    The agent is looked for in --agent-namespace only (default oomwatch): a pod there that a DaemonSet controls,
+    on the pod's node. Agents of two DaemonSets there are refused as ambiguous: name one with --release.
     """
 
 
@@ -258,7 +301,12 @@ def main() -> None:
 @click.option("--kubeconfig", type=click.Path(dir_okay=False),
               help="Path of the kubeconfig (default: $KUBECONFIG's first file, ~/.kube/config, or "
                    "in-cluster).")
-@click.option("--agent-namespace", help="Look for the agent pods only in this namespace (default: all).")
+@click.option("--agent-namespace", default=AGENT_NAMESPACE, show_default=True,
+              help="The namespace the agent is installed in (`helm install -n`, the Kustomize base's); only its "
+                   "pods that a DaemonSet controls are agents.")
+@click.option("--release", default=None, metavar="NAME",
+              help="The Helm release of the agent, where more than one is installed in that namespace (its pods' "
+                   f"{RELEASE_LABEL} label).")
 @click.option("--agent-selector", default=AGENT_SELECTOR, show_default=True,
               help="Label selector of the agent pods (key=value,...).")
 @click.option("--agent-scheme", type=click.Choice(["http", "https"]), default="http", show_default=True,
@@ -268,37 +316,40 @@ def main() -> None:
               help="json: the pod's incidents as the agent serves them, newest first.")
 @click.option("--color/--no-color", default=None, help="Colour (default: only on a terminal).")
 def why(pod: str, namespace: Optional[str], container: Optional[str], context: Optional[str],
-        kubeconfig: Optional[str], agent_namespace: Optional[str], agent_selector: str, agent_scheme: str,
-        output: str, color: Optional[bool]) -> None:
+        kubeconfig: Optional[str], agent_namespace: str, release: Optional[str], agent_selector: str,
+        agent_scheme: str, output: str, color: Optional[bool]) -> None:
     """Explain POD's OOM kills: the pod's node, the oomwatch agent there, its incidents for the pod."""
     path = kubeconfig_path(kubeconfig, os.environ.get("KUBECONFIG"), os.path.expanduser("~"))
     try:
         cluster = Cluster(connect(path, context))
         try:
-            text = why_text(cluster, pod, namespace, container, agent_namespace, agent_selector, agent_scheme,
-                            output, sys.stdout.isatty() if color is None else color)
+            text = why_text(cluster, pod, namespace, container, agent_namespace,
+                            release_selector(agent_selector, release), agent_scheme, output,
+                            sys.stdout.isatty() if color is None else color)
         finally:
             cluster.close()
     except PluginError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(visible(str(exc))) from None  # (it may quote the agent's or a pod's text)
     click.echo(text, nl=False, color=color)
 
 
 def why_text(cluster: Cluster, pod: str, namespace: Optional[str], container: Optional[str],
-             agent_namespace: Optional[str], selector: str, scheme: str, output: str, color: bool) -> str:
+             agent_namespace: str, selector: str, scheme: str, output: str, color: bool) -> str:
     namespace = namespace or cluster.default_namespace
     obj = cluster.pod(namespace, pod)
     node = obj.get("spec", {}).get("nodeName")
     if not node:
         raise PluginError(f"pod {namespace}/{pod} is not scheduled on a node yet: it cannot have been "
                           "OOM-killed")
-    agent = pick_agent(cluster.agents(node, selector, agent_namespace), node, selector)
+    agent = pick_agent(cluster.agents(node, selector, agent_namespace), node, selector, agent_namespace)
     incidents = cluster.incidents(agent, scheme)
     kills = pod_incidents(incidents, namespace, pod, container)
     if output == "json":
-        return json.dumps(kills, indent=2) + "\n"
-    return render_why(namespace, pod, node, agent, kills, kubernetes_says(obj), len(incidents), color=color,
-                      width=terminal_width())
+        return json.dumps(kills, indent=2) + "\n"  # (json.dumps writes control characters as \\uNNNN)
+    # The agent's incidents hold names tenants chose: shown, never sent to the terminal as they are.
+    text = render_why(visible(namespace), visible(pod), visible(node), agent, visible_data(kills),
+                      visible_data(kubernetes_says(obj)), len(incidents), color=color, width=terminal_width())
+    return terminal_text(text, color)
 
 
 if __name__ == "__main__":

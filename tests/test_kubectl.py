@@ -6,6 +6,7 @@ outside Kubernetes (fixtures/golden/memcg-scenarios)."""
 from __future__ import annotations
 
 import json
+import re
 from copy import deepcopy
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,20 @@ TRAIN_POD = {
 }
 
 
-def agent_pod(name: str, node: str, phase: str = "Running", namespace: str = "oomwatch") -> dict[str, Any]:
-    """An agent pod as the Kustomize base's DaemonSet makes it (its pod template's labels and ports)."""
+def agent_pod(name: str, node: str, phase: str = "Running", namespace: str = "oomwatch",
+              daemonset: str | None = "oomwatch", labels: dict[str, str] | None = None,
+              created: str = "2026-11-22T19:00:00Z") -> dict[str, Any]:
+    """An agent pod as the Kustomize base's DaemonSet makes it (its pod template's labels and ports, the
+    DaemonSet controller's ownerReference); `daemonset` None: a pod no DaemonSet controls."""
     ds = yaml.safe_load((ROOT / "daemonset" / "daemonset.yaml").read_text())
     template = ds["spec"]["template"]
+    owners = [] if daemonset is None else [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": daemonset,
+                                            "uid": f"uid-{daemonset}", "controller": True,
+                                            "blockOwnerDeletion": True}]
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": template["metadata"]["labels"],
-                         "creationTimestamp": "2026-11-22T19:00:00Z"},
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {**template["metadata"]["labels"], **(labels or {})},
+                         "creationTimestamp": created, "ownerReferences": owners},
             "spec": {"nodeName": node, "containers": [
                 {"name": c["name"], "image": "registry.example/oomwatch:0.1.0", "ports": c.get("ports", [])}
                 for c in template["spec"]["containers"]]},
@@ -85,7 +93,7 @@ def test_why_explains_the_pods_kill_as_inspect_does(tmp_path: Path) -> None:
 
     pod_get, agents_list, proxy = api.requests
     assert pod_get["path"] == "/api/v1/namespaces/ml/pods/train-0"
-    assert agents_list["path"] == "/api/v1/pods"
+    assert agents_list["path"] == "/api/v1/namespaces/oomwatch/pods"  # the agent's namespace only
     assert agents_list["query"]["fieldSelector"] == f"spec.nodeName={NODE}"
     assert agents_list["query"]["labelSelector"] == AGENT_SELECTOR
     assert proxy["path"] == "/api/v1/namespaces/oomwatch/pods/oomwatch-x7k2p:9717/proxy/incidents"
@@ -150,12 +158,70 @@ def test_agent_behind_web_config_auth_is_explained(tmp_path: Path) -> None:
     assert "401 Unauthorized" in result.output and "--web-config-file" in result.output
 
 
-def test_agent_namespace_narrows_the_list(tmp_path: Path) -> None:
-    with FakeApiServer(cluster_pods(), incidents={"oomwatch-x7k2p": INCIDENTS}) as api:
-        result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml",
-                     "--agent-namespace", "oomwatch")
+def test_agent_namespace_names_where_the_agent_is(tmp_path: Path) -> None:
+    pods = [TRAIN_POD, agent_pod("oomwatch-m0n1t", NODE, namespace="monitoring")]
+    with FakeApiServer(pods, incidents={"oomwatch-m0n1t": INCIDENTS}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml", "--agent-namespace", "monitoring")
+        default = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
     assert result.exit_code == 0, result.output
-    assert api.requests[1]["path"] == "/api/v1/namespaces/oomwatch/pods"
+    assert api.requests[1]["path"] == "/api/v1/namespaces/monitoring/pods"
+    assert result.output.splitlines()[0] == f"Pod ml/train-0 on node {NODE}, agent monitoring/oomwatch-m0n1t"
+    assert default.exit_code == 1
+    assert f"no running oomwatch agent on node {NODE} in namespace oomwatch" in default.output
+    assert "--agent-namespace" in default.output
+
+
+# --- a tenant's look-alike agent ----------------------------------------------------------------------
+
+FORGED = [{**deepcopy(INCIDENTS[0]), "explanation": "nothing to see here: the node ran out of memory"}]
+
+
+def test_a_tenants_pod_with_the_agents_labels_is_never_asked(tmp_path: Path) -> None:
+    """A tenant may give its own pod the agent's labels (and even a DaemonSet ownerReference: the API server
+    does not check it) on the same node, newer than the real agent: only the agent's namespace is searched."""
+    fake = agent_pod("oomwatch-fake", NODE, namespace="ml", created="2026-11-22T21:00:00Z")
+    bare = agent_pod("oomwatch-bare", NODE, daemonset=None, created="2026-11-22T21:00:00Z")
+    with FakeApiServer([*cluster_pods(), fake, bare],
+                       incidents={"oomwatch-x7k2p": INCIDENTS, "oomwatch-fake": FORGED,
+                                  "oomwatch-bare": FORGED}) as api:
+        result = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == f"Pod ml/train-0 on node {NODE}, agent oomwatch/oomwatch-x7k2p"
+    assert "nothing to see here" not in result.output
+    assert [r["path"] for r in api.requests if r["path"].endswith("/proxy/incidents")] == [
+        "/api/v1/namespaces/oomwatch/pods/oomwatch-x7k2p:9717/proxy/incidents"]
+
+
+def test_agents_of_two_releases_on_the_node_are_refused_until_one_is_named(tmp_path: Path) -> None:
+    first = agent_pod("oomwatch-a-x1", NODE, daemonset="a-oomwatch", labels={"app.kubernetes.io/instance": "a"})
+    second = agent_pod("oomwatch-b-x2", NODE, daemonset="b-oomwatch", labels={"app.kubernetes.io/instance": "b"})
+    with FakeApiServer([TRAIN_POD, first, second],
+                       incidents={"oomwatch-a-x1": INCIDENTS, "oomwatch-b-x2": FORGED}) as api:
+        ambiguous = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml")
+        named = why(api.kubeconfig(tmp_path / "config"), "train-0", "-n", "ml", "--release", "a")
+    assert ambiguous.exit_code == 1
+    assert (f"agents of 2 DaemonSets run on node {NODE} in namespace oomwatch: DaemonSet a-oomwatch (release a), "
+            "DaemonSet b-oomwatch (release b); name the release with --release") in ambiguous.output
+    assert not [r for r in api.requests if r["path"].endswith("/proxy/incidents") and r["path"].find("-b-") > 0]
+    assert named.exit_code == 0, named.output
+    assert named.output.splitlines()[0] == f"Pod ml/train-0 on node {NODE}, agent oomwatch/oomwatch-a-x1"
+
+
+def test_the_plugin_shows_a_tenants_control_characters_never_sends_them(tmp_path: Path) -> None:
+    """The agent's incidents carry names a tenant chose (a process name, a cgroup): ESC, BEL, a C1 CSI and a
+    bidi override are printed as escapes, in colour too (only the renderer's own colour sequences are sent)."""
+    hostile = deepcopy(INCIDENTS[0])
+    hostile["victim"]["comm"] = "\x1b]0;PWNED\x07\x9b\u202e"
+    hostile["explanation"] = "dd \x1b]52;c;cHduZWQ=\x07 was killed\r\u2066"
+    for flags in ([], ["--color"]):
+        with FakeApiServer(cluster_pods(), incidents={"oomwatch-x7k2p": [hostile]}) as api:
+            result = CliRunner().invoke(kubectl.main, ["why", "train-0", "-n", "ml", "--kubeconfig",
+                                                       str(api.kubeconfig(tmp_path / "config")), *flags])
+        assert result.exit_code == 0, result.output
+        text = re.sub(r"\x1b\[[0-9;]*m", "", result.output) if flags else result.output
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", text), ascii(text)
+        assert "\\x1b]52;c;cHduZWQ=\\x07 was killed\\x0d\\u2066" in text
+
 
 
 def test_unreachable_api_server(tmp_path: Path) -> None:
