@@ -22,6 +22,36 @@ local panelNames = {
     workload: 'namespace=~"$namespace", pod=~"$pod", %s' % self.node,
   },
 
+  // Which workload a series is, in one label that reads for every type. A per-workload series carries
+  // namespace, pod and container (Kubernetes) or cgroup (a Slurm job or step, a systemd unit, any other cgroup),
+  // the others empty (docs/contract.md "Metrics"), so a legend that wrote them side by side read "///a".
+  // `named(expr)` adds `workload`: namespace/pod/container (namespace/pod: a pod's own cgroup); "Slurm job 42
+  // step 0 on <node>" (the contract's slurmstepd scope only: a job_42 elsewhere is no Slurm job); "<cgroup> on
+  // <node>" for the rest (a unit's path is the same on every node). Built in the query (label_join and
+  // label_replace) rather than by a recording rule: the panels keep their own matchers and $__range, and read
+  // where the mixin's rules are not loaded. Aggregations keep the node label, so one path on two nodes stays two.
+  local node = cfg.nodeLabel,
+  local byWorkload(extra=[]) = utils.labels(cfg, ['namespace', 'pod', 'container', 'cgroup', node] + extra),
+  local slurmJob = '(?:/system[.]slice)?/(?:[^/]*_)?slurmstepd[.]scope/job_([0-9]+)',
+  local named(expr) =
+    local onNode = 'label_join(%s, "workload", " on ", "cgroup", "%s")' % [expr, node];
+    local slurm = 'label_replace(%s, "workload", "Slurm job $1 on $2", "workload", "%s on (.*)")'
+                  % [onNode, slurmJob];
+    local step = 'label_replace(%s, "workload", "Slurm job $1 step $2 on $3", "workload", "%s/step_([^/]+) on (.*)")'
+                 % [slurm, slurmJob];
+    local podPath = 'label_join(%s, "pod_path", "/", "namespace", "pod", "container")' % step;
+    local pod = 'label_replace(%s, "workload", "$1", "pod_path", "(.+/[^/]+)/?")' % podPath;
+    'label_replace(%s, "pod_path", "", "pod_path", ".*")' % pod,
+
+  // Kill counts are whole numbers. Over the time range (stats, tables): each series' increase() rounded before
+  // any sum (increase() extrapolates to the range's edges: 1.25, 3.3), as close as a range query gets.
+  // Per step (bars): the counter's change since the previous step, `c - c offset $__interval` (Grafana's step
+  // is $__interval): consecutive steps tile the time, so the bars, and their legend's sum, add up to the kills
+  // counted; increase() over $__rate_interval overlaps the next step's window and counted one kill twice.
+  // A reset (an agent without --state-dir restarted) is a negative change, clamped to 0.
+  local killsInRange(selector) = 'round(increase(%s[$__range]))' % selector,
+  local killsPerStep(selector) = 'clamp_min(%s - %s offset $__interval, 0)' % [selector, selector],
+
   // "Jobs hit by OOM kills": each workload's series joined with its job (oomwatch_workload_job_info) as last
   // seen in the time range, so a pod deleted after its kill keeps its job; one info series per workload
   // (topk: were a pod told two jobs within the range, one of them), and workloads without a known job kept,
@@ -32,8 +62,17 @@ local panelNames = {
                   % [jobKeys, selectors.workload],
   local withJob(expr) = '(%s) * on (%s) group_left (job_kind, job_name) %s or ignoring (job_kind, job_name) (%s)'
                         % [expr, jobKeys, jobInfo, expr],
-  local jobKills(matchers) = 'increase(oomwatch_oom_kills_total{%s%s}[$__range])' % [matchers, selectors.workload],
+  local jobKills(matchers) = killsInRange('oomwatch_oom_kills_total{%s%s}' % [matchers, selectors.workload]),
   local jobsHit = 'sum by (%s) (%s) > 0' % [jobBy, withJob(jobKills(''))],
+  // The killed workloads of each row, counted in the column of their type, so that a row says what it counts:
+  // Pods (Kubernetes), Slurm steps (the job's own cgroup counts as one), Units or cgroups (on each node). A
+  // column no row has is not in the table.
+  local killedWorkloads(matchers, by) = 'count by (%s) (sum by (%s) (%s) > 0)'
+                                        % [jobBy, utils.labels(cfg, ['namespace', 'job_kind', 'job_name'] + by),
+                                           withJob(jobKills(matchers))],
+  local slurmCgroup = '%s(/.*)?' % slurmJob,
+  // Tables show `workload` in place of the identity labels it is made of.
+  local hiddenIdentity = { namespace: true, pod: true, container: true, cgroup: true },
 
   // "Explanations (Loki)": the incidents of the events file, as a log shipper sends the agent's stdout to Loki.
   local logsStream = std.join(', ', std.prune([
@@ -84,7 +123,7 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum(increase(oomwatch_oom_kills_total{%(workload)s}[$__range]))' % selectors,
+            expr: 'sum(%s)' % killsInRange('oomwatch_oom_kills_total{%(workload)s}' % selectors),
             legendFormat: '',
           },
         ],
@@ -118,7 +157,7 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum(increase(oomwatch_oom_killed_processes_total{role="collateral", %(workload)s}[$__range]))' % selectors,
+            expr: 'sum(%s)' % killsInRange('oomwatch_oom_killed_processes_total{role="collateral", %(workload)s}' % selectors),
             legendFormat: '',
           },
         ],
@@ -152,7 +191,7 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum(increase(oomwatch_node_oom_kills_total{scope="node", %(node)s}[$__range]))' % selectors,
+            expr: 'sum(%s)' % killsInRange('oomwatch_node_oom_kills_total{scope="node", %(node)s}' % selectors),
             legendFormat: '',
           },
         ],
@@ -186,7 +225,7 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum(increase(oomwatch_kmsg_lost_records_total{%(node)s}[$__range]))' % selectors,
+            expr: 'sum(%s)' % killsInRange('oomwatch_kmsg_lost_records_total{%(node)s}' % selectors),
             legendFormat: '',
           },
         ],
@@ -220,7 +259,7 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum by (kind) (increase(oomwatch_oom_kills_total{%(workload)s}[$__rate_interval]))' % selectors,
+            expr: 'sum by (kind) (%s)' % killsPerStep('oomwatch_oom_kills_total{%(workload)s}' % selectors),
             legendFormat: '{{kind}}',
           },
         ],
@@ -247,8 +286,9 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum by (node, instance, scope) (increase(oomwatch_node_oom_kills_total{%(node)s}[$__rate_interval]))' % selectors,
-            legendFormat: '{{node}}{{instance}} {{scope}}',
+            expr: 'sum by (%s) (%s)' % [utils.labels(cfg, [node, 'scope']),
+                                        killsPerStep('oomwatch_node_oom_kills_total{%(node)s}' % selectors)],
+            legendFormat: '{{%s}}: {{scope}}' % node,
           },
         ],
         fieldConfig: {
@@ -274,8 +314,9 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum by (namespace, pod, container, cgroup, role) (increase(oomwatch_oom_killed_processes_total{%(workload)s}[$__rate_interval]))' % selectors,
-            legendFormat: '{{namespace}}/{{pod}}/{{container}}{{cgroup}} {{role}}',
+            expr: named('sum by (%s) (%s)' % [byWorkload(['role']),
+                                              killsPerStep('oomwatch_oom_killed_processes_total{%(workload)s}' % selectors)]),
+            legendFormat: '{{workload}}: {{role}}',
           },
         ],
         fieldConfig: {
@@ -293,15 +334,16 @@ local panelNames = {
       {
         id: 8,
         type: 'table',
-        title: 'Top containers by OOM kills',
-        description: 'Workloads with the most OOM incidents in the dashboard\'s time range.',
+        title: 'Top workloads by OOM kills',
+        description: 'Workloads with the most OOM incidents in the dashboard\'s time range: Kubernetes containers and pods (namespace/pod/container), Slurm jobs and steps, systemd units and other cgroups (on their node).',
         datasource: { type: 'prometheus', uid: '${datasource}' },
         gridPos: { x: 12, y: 12, w: 12, h: 8 },
         targets: [
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'topk(10, sum by (namespace, pod, container, cgroup) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)' % selectors,
+            expr: named('topk(10, sum by (%s) (%s) > 0)'
+                        % [byWorkload(), killsInRange('oomwatch_oom_kills_total{%(workload)s}' % selectors)]),
             legendFormat: '',
             instant: true,
             range: false,
@@ -312,7 +354,11 @@ local panelNames = {
         transformations: [
           {
             id: 'organize',
-            options: { excludeByName: { Time: true }, renameByName: { Value: 'OOM kills' } },
+            options: {
+              excludeByName: hiddenIdentity { Time: true },
+              indexByName: { workload: 0, [node]: 1, Value: 2 },
+              renameByName: { workload: 'Workload', [node]: 'Node', Value: 'OOM kills' },
+            },
           },
           { id: 'sortBy', options: { sort: [{ field: 'OOM kills', desc: true }] } },
         ],
@@ -328,20 +374,20 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'oomwatch_memory_usage_bytes{%(workload)s} and on (namespace, pod, container, cgroup) (sum by (namespace, pod, container, cgroup) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)' % selectors,
-            legendFormat: '{{namespace}}/{{pod}}/{{container}}{{cgroup}} usage',
+            expr: named('oomwatch_memory_usage_bytes{%(workload)s} and on (%(by)s) (sum by (%(by)s) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)' % (selectors { by: byWorkload() })),
+            legendFormat: '{{workload}}: usage',
           },
           {
             refId: 'B',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'oomwatch_memory_limit_bytes{%(workload)s} and on (namespace, pod, container, cgroup) (sum by (namespace, pod, container, cgroup) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)' % selectors,
-            legendFormat: '{{namespace}}/{{pod}}/{{container}}{{cgroup}} limit',
+            expr: named('oomwatch_memory_limit_bytes{%(workload)s} and on (%(by)s) (sum by (%(by)s) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)' % (selectors { by: byWorkload() })),
+            legendFormat: '{{workload}}: limit',
           },
           {
             refId: 'C',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'oomwatch_memory_peak_bytes{%(workload)s} and on (namespace, pod, container, cgroup) (sum by (namespace, pod, container, cgroup) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)' % selectors,
-            legendFormat: '{{namespace}}/{{pod}}/{{container}}{{cgroup}} peak',
+            expr: named('oomwatch_memory_peak_bytes{%(workload)s} and on (%(by)s) (sum by (%(by)s) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)' % (selectors { by: byWorkload() })),
+            legendFormat: '{{workload}}: peak',
           },
         ],
         fieldConfig: {
@@ -351,7 +397,7 @@ local panelNames = {
           },
           overrides: [
             {
-              matcher: { id: 'byRegexp', options: '.* limit' },
+              matcher: { id: 'byRegexp', options: '.*: limit' },
               properties: [{ id: 'custom.lineStyle', value: { fill: 'dash', dash: [10, 10] } }],
             },
           ],
@@ -372,7 +418,8 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sort_desc(max by (namespace, pod, container, cgroup, node) (oomwatch_last_oom_kill_timestamp_seconds{%(workload)s}) * 1000)' % selectors,
+            expr: 'sort_desc(%s)' % named('max by (%s) (oomwatch_last_oom_kill_timestamp_seconds{%s}) * 1000'
+                                             % [byWorkload(['instance']), selectors.workload]),
             legendFormat: '',
             instant: true,
             range: false,
@@ -381,7 +428,7 @@ local panelNames = {
           {
             refId: 'B',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'max by (namespace, pod, container, cgroup, node, instance, kind, scope) (oomwatch_last_oom_kill_info{%(workload)s})' % selectors,
+            expr: named('max by (%s) (oomwatch_last_oom_kill_info{%s})' % [byWorkload(['instance', 'kind', 'scope']), selectors.workload]),
             legendFormat: '',
             instant: true,
             range: false,
@@ -410,8 +457,9 @@ local panelNames = {
           {
             id: 'organize',
             options: {
-              excludeByName: { Time: true, job: true, 'Value #B': true },
-              renameByName: { 'Value #A': 'Last OOM kill', Value: 'Last OOM kill' },
+              excludeByName: hiddenIdentity { Time: true, job: true, 'Value #B': true },
+              indexByName: { workload: 0, kind: 2, scope: 3, 'Value #A': 4, instance: 5 } + { [node]: 1 },
+              renameByName: { workload: 'Workload', 'Value #A': 'Last OOM kill', Value: 'Last OOM kill' },
             },
           },
           { id: 'sortBy', options: { sort: [{ field: 'Last OOM kill', desc: true }] } },
@@ -453,8 +501,8 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'avg by (node, instance) (oomwatch_memory_oom_group{container!="", %(node)s})' % selectors,
-            legendFormat: '{{node}}{{instance}}',
+            expr: 'avg by (%s) (oomwatch_memory_oom_group{container!="", %s})' % [utils.labels(cfg, [node]), selectors.node],
+            legendFormat: '{{%s}}' % node,
           },
         ],
         fieldConfig: { defaults: { unit: 'percentunit', min: 0, max: 1 }, overrides: [] },
@@ -475,20 +523,20 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum by (node, instance) (rate(oomwatch_kmsg_records_total{%(node)s}[$__rate_interval]))' % selectors,
-            legendFormat: '{{node}}{{instance}} records/s',
+            expr: 'sum by (%s) (rate(oomwatch_kmsg_records_total{%s}[$__rate_interval]))' % [utils.labels(cfg, [node]), selectors.node],
+            legendFormat: '{{%s}}: records/s' % node,
           },
           {
             refId: 'B',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum by (node, instance) (increase(oomwatch_kmsg_lost_records_total{%(node)s}[$__rate_interval]))' % selectors,
-            legendFormat: '{{node}}{{instance}} lost',
+            expr: 'sum by (%s) (%s)' % [utils.labels(cfg, [node]), killsPerStep('oomwatch_kmsg_lost_records_total{%(node)s}' % selectors)],
+            legendFormat: '{{%s}}: lost' % node,
           },
           {
             refId: 'C',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'sum by (node, instance) (increase(oomwatch_kmsg_parse_errors_total{%(node)s}[$__rate_interval]))' % selectors,
-            legendFormat: '{{node}}{{instance}} parse errors',
+            expr: 'sum by (%s) (%s)' % [utils.labels(cfg, [node]), killsPerStep('oomwatch_kmsg_parse_errors_total{%(node)s}' % selectors)],
+            legendFormat: '{{%s}}: parse errors' % node,
           },
         ],
         fieldConfig: {
@@ -544,7 +592,7 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'topk(20, oomwatch_memory_working_set_bytes{%(workload)s} / oomwatch_memory_limit_bytes{%(workload)s})' % selectors,
+            expr: named('topk(20, oomwatch_memory_working_set_bytes{%(workload)s} / oomwatch_memory_limit_bytes{%(workload)s})' % selectors),
             legendFormat: '',
             instant: true,
             range: false,
@@ -553,7 +601,7 @@ local panelNames = {
           {
             refId: 'B',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'rate(oomwatch_memory_pressure_seconds_total{kind="full", %(workload)s}[$__rate_interval])' % selectors,
+            expr: named('rate(oomwatch_memory_pressure_seconds_total{kind="full", %(workload)s}[$__rate_interval])' % selectors),
             legendFormat: '',
             instant: true,
             range: false,
@@ -578,7 +626,14 @@ local panelNames = {
         },
         transformations: [
           { id: 'merge', options: {} },
-          { id: 'organize', options: { excludeByName: { Time: true, job: true, kind: true } } },
+          {
+            id: 'organize',
+            options: {
+              excludeByName: hiddenIdentity { Time: true, job: true, kind: true, instance: node != 'instance' },
+              indexByName: { workload: 0, [node]: 1 },
+              renameByName: { workload: 'Workload' },
+            },
+          },
           { id: 'sortBy', options: { sort: [{ field: 'Working set / limit', desc: true }] } },
         ],
       },
@@ -629,7 +684,7 @@ local panelNames = {
         id: 17,
         type: 'table',
         title: 'Jobs hit by OOM kills',
-        description: 'OOM kills in the time range by the job of the killed workload (oomwatch_workload_job_info): a Kubernetes pod\'s training or batch job (JobSet, PyTorchJob, TFJob, MPIJob, TrainJob, RayJob, Determined, Kueue), else its controlling owner (a batch Job, RayCluster, ReplicaSet...), a Slurm job (SlurmJob and its id). A row without a job: kills of workloads whose job the agent does not know (no Kubernetes API access, a bare pod, a systemd unit). Pods: the killed pods (Slurm: steps). The explanations are not labels: each row links to the Explanations panel narrowed to the job; without Loki, to /incidents through the Recent incidents rows. Recording rules oomwatch:workload_oom_kills_total:job and oomwatch:job_oom_kills:increase1h keep the same join for alerts and long ranges.',
+        description: 'OOM kills in the time range by the job of the killed workload (oomwatch_workload_job_info): a Kubernetes pod\'s training or batch job (JobSet, PyTorchJob, TFJob, MPIJob, TrainJob, RayJob, Determined, Kueue), else its controlling owner (a batch Job, RayCluster, ReplicaSet...), a Slurm job (SlurmJob and its id). A row without a job: kills of workloads whose job the agent does not know (no Kubernetes API access, a bare pod, a systemd unit). Pods, Slurm steps, Units or cgroups: the killed workloads of the row, each in the column of its type (a column no row has is left out). Kill counts are each workload\'s increase() over the range, rounded. The explanations are not labels: each row links to the Explanations panel narrowed to the job; without Loki, to /incidents through the Recent incidents rows. Recording rules oomwatch:workload_oom_kills_total:job and oomwatch:job_oom_kills:increase1h keep the same join for alerts and long ranges.',
         datasource: { type: 'prometheus', uid: '${datasource}' },
         gridPos: { x: 0, y: 55, w: 12, h: 9 },
         targets: [
@@ -655,7 +710,25 @@ local panelNames = {
           {
             refId: 'C',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'count by (%s) (sum by (%s, pod, cgroup) (%s) > 0)' % [jobBy, jobBy, withJob(jobKills(''))],
+            expr: killedWorkloads('pod!="", ', ['pod']),
+            legendFormat: '',
+            instant: true,
+            range: false,
+            format: 'table',
+          },
+          {
+            refId: 'E',
+            datasource: { type: 'prometheus', uid: '${datasource}' },
+            expr: killedWorkloads('cgroup=~"%s", ' % slurmCgroup, ['cgroup']),
+            legendFormat: '',
+            instant: true,
+            range: false,
+            format: 'table',
+          },
+          {
+            refId: 'F',
+            datasource: { type: 'prometheus', uid: '${datasource}' },
+            expr: killedWorkloads('cgroup!="", cgroup!~"%s", ' % slurmCgroup, ['cgroup', node]),
             legendFormat: '',
             instant: true,
             range: false,
@@ -698,9 +771,10 @@ local panelNames = {
             options: {
               excludeByName: { Time: true },
               indexByName: { namespace: 0, job_kind: 1, job_name: 2, 'Value #A': 3, 'Value #B': 4, 'Value #C': 5,
-                             'Value #D': 6 },
+                             'Value #E': 6, 'Value #F': 7, 'Value #D': 8 },
               renameByName: { job_kind: 'Kind', job_name: 'Job', 'Value #A': 'Kills', 'Value #B': 'Group kills',
-                              'Value #C': 'Pods', 'Value #D': 'Last kill' },
+                              'Value #C': 'Pods', 'Value #E': 'Slurm steps', 'Value #F': 'Units or cgroups',
+                              'Value #D': 'Last kill' },
             },
           },
           { id: 'sortBy', options: { sort: [{ field: 'Kills', desc: true }] } },
@@ -743,8 +817,9 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: 'max by (namespace, pod, container, cgroup, type) (oomwatch_last_oom_kill_memory_bytes{%(workload)s}) > 0 and on (namespace, pod, container, cgroup) (sum by (namespace, pod, container, cgroup) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)' % selectors,
-            legendFormat: '{{namespace}}/{{pod}}/{{container}}{{cgroup}} {{type}}',
+            expr: named('max by (%(byType)s) (oomwatch_last_oom_kill_memory_bytes{%(workload)s}) > 0 and on (%(by)s) (sum by (%(by)s) (increase(oomwatch_oom_kills_total{%(workload)s}[$__range])) > 0)'
+                         % (selectors { by: byWorkload(), byType: byWorkload(['type']) })),
+            legendFormat: '{{workload}}: {{type}}',
             instant: true,
             range: false,
           },

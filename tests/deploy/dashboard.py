@@ -37,8 +37,9 @@ BUILTINS: dict[str, str] = {
 # logs panel, which queries Loki through the `logs` variable.
 PROMETHEUS, LOKI = "prometheus", "loki"
 
-# ${name}, ${name:format}, [[name]], $name (longest name first: $__range_s before $__range).
-_VARIABLE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\[\[(\w+)(?::[^\]]*)?\]\]|\$(\w+)")
+# ${name}, ${name:format}, [[name]], $name (longest name first: $__range_s before $__range). `$1` is not a variable:
+# label_replace's replacement refers to the regex's groups so, and Grafana leaves a name it does not know as it is.
+_VARIABLE = re.compile(r"\$\{(\w+)(?::[^}]*)?\}|\[\[(\w+)(?::[^\]]*)?\]\]|\$(?![0-9]+\b)(\w+)")
 
 
 def _panels(panels: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:

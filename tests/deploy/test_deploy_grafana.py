@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from .conftest import CONTRACT_METRICS, DASHBOARD, ROOT, RULES, run
-from .dashboard import BUILTINS, LOKI, datasource_type, panel_queries, substitute
+from .dashboard import BUILTINS, LOKI, datasource_type, panel_queries, prometheus_targets, substitute
 
 ALL = {"namespace": ".*", "pod": ".*", "node": ".*"}
 
@@ -73,7 +73,7 @@ def test_required_panels() -> None:
     queries = " ".join(q for _, q in panel_queries(DASHBOARD, ALL))
     for wanted in (
         "OOM kills over time by kind",
-        "Top containers by OOM kills",
+        "Top workloads by OOM kills",
         "Memory usage against limit of OOMing workloads",
         "Node posture",
         "Recent incidents",
@@ -134,7 +134,8 @@ def test_panel_queries_substitutes_every_variable() -> None:
     queries = panel_queries(DASHBOARD, {"namespace": "ml", "pod": "trainer-0", "node": "gpu-1"})
     assert queries
     for title, expr in queries:
-        assert "$" not in expr and "[[" not in expr, (title, expr)
+        # what is left of `$` are label_replace's group references ($1)
+        assert not re.search(r"\$(?![0-9]+\b)", expr) and "[[" not in expr, (title, expr)
     assert any('namespace=~"ml"' in q and 'pod=~"trainer-0"' in q for _, q in queries)
 
 
@@ -149,6 +150,9 @@ def test_substitute_forms() -> None:
     assert substitute("rate(m[$__rate_interval])", {"__rate_interval": "2m"}) == "rate(m[2m])"
     with pytest.raises(KeyError):
         substitute("m{a=~'$missing'}", v)
+    # label_replace's group references are no variables (Grafana leaves them as they are)
+    assert substitute('label_replace(m{n=~"$ns"}, "w", "$1 on $2", "c", "(.+) (.*)")', v) == \
+        'label_replace(m{n=~"a|b"}, "w", "$1 on $2", "c", "(.+) (.*)")'
 
 
 # --- the jobs table and the explanations (issues 22 and 24) ----------------------------------------------------
@@ -165,7 +169,7 @@ def test_jobs_table_joins_each_kill_to_its_job_and_keeps_the_others() -> None:
     (topk: a many-to-many match would fail the whole query) and keeps the kills of workloads without a job."""
     jobs = panel("Jobs hit by OOM kills")
     targets = jobs["targets"]
-    assert [t["refId"] for t in targets] == ["A", "B", "C", "D"]
+    assert [t["refId"] for t in targets] == ["A", "B", "C", "E", "F", "D"]
     for t in targets:
         assert t["instant"] and t["format"] == "table", t["refId"]
         expr = t["expr"]
@@ -174,8 +178,9 @@ def test_jobs_table_joins_each_kill_to_its_job_and_keeps_the_others() -> None:
         assert "or ignoring (job_kind, job_name)" in expr, t["refId"]
         assert "by (namespace, job_kind, job_name" in expr, t["refId"]
     renamed = next(x for x in jobs["transformations"] if x["id"] == "organize")["options"]["renameByName"]
-    assert set(renamed.values()) == {"Kind", "Job", "Kills", "Group kills", "Pods", "Last kill"}
-    assert 'kind="group"' in targets[1]["expr"] and "oomwatch_last_oom_kill_timestamp_seconds" in targets[3]["expr"]
+    assert set(renamed.values()) == {"Kind", "Job", "Kills", "Group kills", "Pods", "Slurm steps", "Units or cgroups",
+                                     "Last kill"}
+    assert 'kind="group"' in targets[1]["expr"] and "oomwatch_last_oom_kill_timestamp_seconds" in targets[5]["expr"]
     # each row links to the explanations of its job
     (link,) = jobs["fieldConfig"]["defaults"]["links"]
     assert "var-job=${__data.fields.job_name}" in link["url"] and "${logs:queryparam}" in link["url"]
@@ -268,3 +273,97 @@ def test_logql_parses_with_grafanas_grammar() -> None:
     assert {("workload_namespace", "ml"), ("workload_pod", "train-0"), ("workload_job", "train"),
             ("workload_owner", "train"), ("workload_slurm_job", "train")} <= filtered
     assert substituted["line_format"] == "{{.kind}} kill, scope {{.scope}}: {{.explanation}}"
+
+
+# --- legends, tables and counts that read for every workload type (issue 32) ----------------------------------
+
+# Two label templates with nothing but spaces between them: a label that is empty for one workload type runs the
+# other into it ("{{node}}{{instance}}" read "build-2127.0.0.1:43947", ".../{{container}}{{cgroup}}" "///a").
+_ADJACENT_TEMPLATES = re.compile(r"\}\}\s*\{\{")
+_TEMPLATE = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+def legends() -> list[tuple[str, str, str]]:
+    """(panel title, legendFormat, expr) of every query target with a legend."""
+    return [(p["title"], t["legendFormat"], t["expr"]) for p in dashboard()["panels"] for t in p.get("targets", [])
+            if t.get("legendFormat")]
+
+
+def test_the_adjacency_check_catches_the_legends_that_did_not_read() -> None:
+    for bad in ("{{node}}{{instance}}", "{{namespace}}/{{pod}}/{{container}}{{cgroup}} {{role}}", "{{a}} {{b}}"):
+        assert _ADJACENT_TEMPLATES.search(bad), bad
+    for good in ("{{workload}}: {{role}}", "{{node}}: lost", "p99", "{{kind}}"):
+        assert not _ADJACENT_TEMPLATES.search(good), good
+
+
+def test_no_legend_places_two_label_templates_side_by_side() -> None:
+    found = legends()
+    assert any(_TEMPLATE.search(fmt) for _, fmt, _ in found)
+    for title, fmt, _ in found:
+        assert not _ADJACENT_TEMPLATES.search(fmt), (title, fmt)
+
+
+def legend_labels_dropped(fmt: str, expr: str) -> set[str]:
+    """The labels a legend names that its query does not keep: not in its outermost `by (...)` nor written by
+    label_join/label_replace (`workload`)."""
+    by = re.search(r"\bby \(([^)]*)\)", expr)
+    kept = {name.strip() for name in by.group(1).split(",")} if by else set()
+    kept |= set(re.findall(r'label_(?:join|replace)\(.*?, "(\w+)", ', expr))
+    return set(_TEMPLATE.findall(fmt)) - kept
+
+
+def test_every_legend_label_is_one_the_query_keeps() -> None:
+    """A label the aggregation dropped would print as nothing."""
+    assert legend_labels_dropped("{{node}}: {{instance}}", "avg by (node) (x)") == {"instance"}
+    for title, fmt, expr in legends():
+        assert not legend_labels_dropped(fmt, expr), (title, fmt)
+
+
+def test_workload_legends_and_tables_name_the_workload_once() -> None:
+    """Every legend or table over workloads shows the one `workload` label, never the identity labels it is made
+    of (most of them empty for any one type)."""
+    for title, fmt, expr in legends():
+        assert not set(_TEMPLATE.findall(fmt)) & {"namespace", "pod", "container", "cgroup", "instance"}, (title, fmt)
+    for title in ("Top workloads by OOM kills", "Recent incidents", "At risk: working set against limit"):
+        p = panel(title)
+        for t in p["targets"]:
+            assert t["expr"].count('"workload"') >= 3, (title, t["refId"])  # named(): the label written
+        organize = next(x for x in p["transformations"] if x["id"] == "organize")["options"]
+        hidden = {k for k, v in organize["excludeByName"].items() if v}
+        assert {"namespace", "pod", "container", "cgroup"} <= hidden, title
+        assert organize["indexByName"]["workload"] == 0 and organize["renameByName"]["workload"] == "Workload"
+
+
+def test_kill_counts_are_rounded_or_counted_per_step() -> None:
+    """Counts over the range (stats, the Jobs and Top tables) round each series' increase(); bars count the
+    counter's change per step (`offset $__interval`), never increase() over $__rate_interval, whose windows
+    overlap: its legend sums counted kills twice and in fractions."""
+    counted = 0
+    for p in dashboard()["panels"]:
+        bars = p.get("fieldConfig", {}).get("defaults", {}).get("custom", {}).get("drawStyle") == "bars"
+        counts = p["type"] == "stat" and p["fieldConfig"]["defaults"].get("decimals") == 0
+        for t in prometheus_targets(p):
+            expr = t["expr"]
+            if bars:
+                assert "increase(" not in expr and "offset $__interval" in expr, (p["title"], expr)
+                counted += 1
+            elif counts and "increase(" in expr or p["title"] in ("Top workloads by OOM kills",
+                                                                  "Jobs hit by OOM kills"):
+                for m in re.finditer(r"increase\(", expr):
+                    assert expr[:m.start()].endswith("round("), (p["title"], t["refId"], expr)
+                    counted += 1
+            assert "[$__rate_interval]))" not in expr or "rate(" in expr, (p["title"], expr)
+    assert counted >= 10
+
+
+def test_jobs_table_counts_each_workload_type_in_its_own_column() -> None:
+    """Pods for Kubernetes, Slurm steps for Slurm's cgroups, Units or cgroups for the rest: a plain cgroup is no
+    pod. Each column's query selects only its type."""
+    jobs = panel("Jobs hit by OOM kills")
+    by_ref = {t["refId"]: t["expr"] for t in jobs["targets"]}
+    renamed = next(x for x in jobs["transformations"] if x["id"] == "organize")["options"]["renameByName"]
+    assert (renamed["Value #C"], renamed["Value #E"], renamed["Value #F"]) == ("Pods", "Slurm steps",
+                                                                            "Units or cgroups")
+    assert 'pod!=""' in by_ref["C"] and "sum by (namespace, job_kind, job_name, pod)" in by_ref["C"]
+    assert 'cgroup=~"' in by_ref["E"] and "slurmstepd[.]scope/job_" in by_ref["E"]
+    assert 'cgroup!="", cgroup!~"' in by_ref["F"] and "sum by (namespace, job_kind, job_name, cgroup, node)" in by_ref["F"]
