@@ -1,6 +1,7 @@
-"""Real OOM reports from public bug trackers (fixtures/corpus/): oomwatch reads exactly the kills a person
-reads in each, and the same kernel lines give the same incidents in every wrapper a log system puts around
-them."""
+"""Real OOM reports from public bug trackers, forums and blogs (fixtures/corpus/): oomwatch reads exactly the
+kills a person reads in each, and exactly the truth the kernel's own lines give (kind, constraint, cgroups, the
+task table's top holder, each victim's anon-rss: the header lines documented in fixtures/corpus/README.md), and
+the same kernel lines give the same incidents in every wrapper a log system puts around them."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def kills_in_log_order(report: dict) -> list[str]:
 
 
 def test_the_corpus_is_there() -> None:
-    assert len(CORPUS) >= 5
+    assert len(CORPUS) >= 60
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
@@ -55,6 +56,71 @@ def test_each_report_gives_exactly_the_kills_a_person_reads(path: Path) -> None:
     else:
         assert report["warnings"] == []
     assert report["kmsg"]["text"]["kernel_records"] > 0
+
+
+# --- the truth the kernel's lines give ------------------------------------------------------------------
+
+PAGE = 4096  # every corpus report is from a 4 KiB-page machine (x86-64, or ARM/MIPS consoles without a task table)
+TRUTH_KEYS = ("kind", "constraint", "cgroups", "top-holder", "anon-rss")
+
+
+def _per_incident(value: str) -> list[str]:
+    return [v.strip() for v in value.split(";")]
+
+
+def _cgroups(value: str) -> dict[str, str]:
+    """`oom=/a task=/a/b group=/a` -> {"oom": "/a", ...}; `-`: the kernel's lines name none."""
+    return {} if value == "-" else dict(item.split("=", 1) for item in value.split())
+
+
+def truth(path: Path) -> tuple[list[dict], list[int]]:
+    """(per incident in log order: kind, constraint, oom/victim/group cgroup, task-table top holder; each kill's
+    anon-rss in bytes, in the order of `# kills:`) from the fixture's header lines."""
+    if header(path, "kind") == "none":
+        assert all(header(path, k) == "-" for k in TRUTH_KEYS[1:]), f"{path.name}: no incident, so no truth"
+        return [], []
+    columns = [_per_incident(header(path, k)) for k in TRUTH_KEYS[:4]]
+    assert len({len(c) for c in columns}) == 1, f"{path.name}: one value per incident in every truth line"
+    incidents = []
+    for kind, constraint, cgroups, top in zip(*columns):
+        names = _cgroups(cgroups)
+        assert set(names) <= {"oom", "task", "group"}, f"{path.name}: {cgroups}"
+        incidents.append({"kind": kind, "constraint": constraint, "oom_cgroup": names.get("oom"),
+                          "victim_cgroup": names.get("task"), "group_cgroup": names.get("group"),
+                          "top_holder": top})
+    anon = [int(re.fullmatch(r"(\d+)kB", a.strip()).group(1)) * 1024 for a in header(path, "anon-rss").split(",")]
+    return incidents, anon
+
+
+def observed(report: dict) -> tuple[list[dict], list[int]]:
+    incidents, anon = [], []
+    for inc in reversed(report["incidents"]):
+        table = [h for h in inc.get("top_holders") or [] if h.get("from") == "task_table"]
+        incidents.append({"kind": inc["kind"], "constraint": inc["constraint"], "oom_cgroup": inc["oom_cgroup"],
+                          "victim_cgroup": (inc.get("victim") or {}).get("cgroup"),
+                          "group_cgroup": inc["group_cgroup"],
+                          "top_holder": (f"{table[0]['comm']}({table[0]['pid']}) rss={table[0]['rss_bytes'] // PAGE}"
+                                         if table else "-")})
+        anon += [p["anon_rss_bytes"] for p in inc["killed"]]
+    return incidents, anon
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_each_fixture_states_its_truth_once_per_incident_and_kill(path: Path) -> None:
+    kills = header(path, "kills")
+    incidents, anon = truth(path)
+    assert len(anon) == (0 if kills == "none" else len(re.findall(r"\(\d+\)(?:, |$)", kills)))
+    assert len(incidents) <= len(anon)
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_each_report_gives_exactly_the_truth_of_its_kernel_lines(path: Path) -> None:
+    """Kind, constraint, the OOM, victim and group cgroups, the task table's largest row (`-`: no row printed, so
+    no holder may claim the task table) and every victim's anon-rss, incident by incident in log order."""
+    want_incidents, want_anon = truth(path)
+    got_incidents, got_anon = observed(report_for(path))
+    assert got_incidents == want_incidents
+    assert got_anon == want_anon
 
 
 # --- the same report in every wrapper --------------------------------------------------------------------
