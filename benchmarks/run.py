@@ -84,11 +84,15 @@ def _storm_rounds(rounds: int) -> list[bytes]:
 
 
 def _correlator():
-    from oomwatch.node import make_correlator
+    from oomwatch.correlator import BlindView, Correlator
+    from oomwatch.explain import explain
     from oomwatch.workloads import WorkloadResolver
 
-    return make_correlator(boot_id="bench", boot_time=0.0, resolver=WorkloadResolver(),
-                           posture_single=lambda: "false")
+    resolver = WorkloadResolver()
+    return Correlator(boot_id="bench", boot_time=0.0, resolve_workload=resolver.resolve,
+                      scope_of=resolver.layout.scope_of, explain=lambda incident: explain(incident, "false"),
+                      view=BlindView(), detected_clock=time.time, live=True,
+                      page_size=os.sysconf("SC_PAGE_SIZE"), tmpfs_mounts=resolver.tmpfs_mounts)
 
 
 def _one_thread(records: list[bytes], prefilter: bool) -> tuple[float, int]:

@@ -48,7 +48,7 @@ from oomwatch.model import (
     OomSuppressed,
     Workload,
 )
-from oomwatch.holders import held_memory
+from oomwatch.holders import advice_for, held_memory
 from oomwatch.parse.memstat import first_report, part_report
 from oomwatch.parse.oom import OomReaped, parse_oom_line
 from oomwatch.parse.prefilter import REPORT_RECORDS_MAX
@@ -131,6 +131,8 @@ class _Kill:
     time: float
     cgroup: Optional[str]  # as known when the line arrived (the process may be gone a moment later)
     batch: int = 0  # the kernel-log batch its line came in (Correlator.batch): what memory.stat may precede it
+    from_reaper: bool = False  # known only from an `oom_reaper:` line: its kill line is missing
+    timed: bool = True  # its record carried a time (a pasted line without a timestamp does not)
 
 
 @dataclass
@@ -176,6 +178,7 @@ class CorrelatorStats:
     late_reprints: int = 0  # a group kill's victim reprinted after its incident was complete
     kills_from_reaper: int = 0  # kills known only from an `oom_reaper:` line (their kill line is missing)
     first_rejected: Optional[str] = None
+    first_parse_error: Optional[str] = None  # the first line with OOM words that could not be read
 
 
 IncidentFactory = Callable[..., Incident]
@@ -250,6 +253,8 @@ class Correlator:
         if line is None:
             if any(marker in record.text for marker in _OOM_MARKERS):
                 self.stats.parse_errors += 1
+                if self.stats.first_parse_error is None:
+                    self.stats.first_parse_error = record.text[:200]
             else:
                 self._memory_text(record)
             return self._drain()
@@ -306,6 +311,8 @@ class Correlator:
             self.stats.kills_from_reaper += 1
             self._on_killed(OomKilled(pid=line.pid, comm=line.comm, oom_kind="unknown"), record,
                             self._wall_time(record))
+            if self._open is not None and self._open.kills and self._open.kills[-1].line.pid == line.pid:
+                self._open.kills[-1].from_reaper = True
             return self._drain() if self._out else []
         if self._open is not None:
             self._open.last_was_new_kill = False
@@ -444,7 +451,8 @@ class Correlator:
             self._held = self._held_first_seq = None
         if not b.kills and b.summary is not None and b.summary.pid in (line.pid, None):
             cgroup = b.summary.task_cgroup or cgroup  # the kernel's own word for the victim's cgroup
-        b.add(_Kill(line=line, seq=record.seq, time=when, cgroup=cgroup, batch=self.batch))
+        b.add(_Kill(line=line, seq=record.seq, time=when, cgroup=cgroup, batch=self.batch,
+                     timed=record.usec is not None or record.wall_time is not None))
         b.last_was_new_kill = True
 
     def _infer_group(self, b: _Builder, *, reprinted: bool) -> None:
@@ -585,6 +593,8 @@ class Correlator:
             kill_lines=self._kill_lines(killed, b.reprints),
             partial=b.partial,
             group_inferred=b.group_inferred,
+            evidence="oom_reaper" if first.from_reaper else "kmsg",
+            time_known=first.timed,
         )
         report = part_report(b.memory_part, STAT_KEYS_USED) if b.memory_part is not None else (
             first_report(b.memory_texts) if b.memory_texts else None)
@@ -602,7 +612,7 @@ class Correlator:
                            victim_rss_bytes=_rss_bytes(victim),
                            oom_cgroup=b.summary.oom_cgroup if b.summary is not None else None,
                            memory_stat=reading, tmpfs_volumes=self._tmpfs_mounts(incident.workload),
-                           killed=killed)
+                           killed=killed, advice=advice_for(constraint, oom_cgroup, incident.workload.type))
         if held["memory_breakdown"] is not None or held["top_holders"]:
             for name in ("memory_breakdown", "verdict", "verdict_sentence"):
                 _set(incident, name, held[name])

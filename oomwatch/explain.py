@@ -9,15 +9,19 @@ from oomwatch.workloads import kubepods_level
 
 
 def size(n: Optional[float]) -> str:
-    """Bytes in MiB/GiB, as operators size limits."""
+    """Bytes in MiB/GiB, as operators size limits; below 1 MiB in KiB, below 1 KiB in bytes (never "0 MiB")."""
     if n is None:
         return "?"
     if n == float("inf"):
         return "unlimited"
+    if n < 1 << 10:
+        return f"{int(n)} B"
     if n >= 1 << 30:
         value, unit = n / (1 << 30), "GiB"
-    else:
+    elif n >= 1 << 20:
         value, unit = n / (1 << 20), "MiB"
+    else:
+        value, unit = n / (1 << 10), "KiB"
     text = f"{value:.1f}".rstrip("0").rstrip(".")
     return f"{text} {unit}"
 

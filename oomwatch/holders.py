@@ -185,15 +185,38 @@ def _of(limit_bytes: Optional[int]) -> str:
     return f" of the {human_bytes(limit_bytes)} limit" if limit_bytes else ""
 
 
+# What "more memory" means where the memory ran out (advice fits the workload and the constraint): a Kubernetes
+# container's limit, a Slurm job's request, a systemd unit's MemoryMax=, a cgroup's memory.max, or the node.
+RAISE = {"k8s": "raise the limit", "slurm": "request more memory (--mem, --mem-per-cpu)",
+         "systemd": "raise the unit's MemoryMax=", "other": "raise the cgroup's memory.max",
+         "node": "give the node more memory, or set limits on its workloads"}
+# Where a tmpfs that filled the limit is capped
+CAP_TMPFS = {"k8s": "set the emptyDir's sizeLimit, or count it in the limit",
+             "node": "delete its files, or mount it with a smaller size=",
+             "other": "delete its files, mount it with a size= that fits, or count it in the limit"}
+
+
+def advice_for(constraint: str, oom_cgroup: Optional[str], workload_type: Optional[str]) -> str:
+    """The RAISE/CAP_TMPFS key of a kill: "node" when the node ran out (a global, cpuset or mempolicy OOM), else
+    the kind of workload whose limit was hit."""
+    if constraint in ("global", "cpuset", "mempolicy") or oom_cgroup == "/":
+        return "node"
+    if workload_type and workload_type.startswith("k8s"):
+        return "k8s"
+    return workload_type if workload_type in ("slurm", "systemd") else "other"
+
+
 def verdict(parts: Optional[Mapping[str, Optional[int]]], holders: Sequence[Mapping],
             pools_: Sequence[Mapping] = (), limit_bytes: Optional[int] = None,
-            tmpfs_volumes: Sequence[str] = ()) -> tuple[str, str]:
+            tmpfs_volumes: Sequence[str] = (), advice: str = "k8s") -> tuple[str, str]:
     """(verdict, sentence): which kind of memory, process or pool filled the limit, and what to change.
 
     Checked in this order, each at DOMINANT_SHARE of the limit (or, with no limit known, of the breakdown's
     total, else of the tasks' rss): shmem, unevictable, kernel, sock, file (the kinds a process's rss does not
     explain, or that stay after it dies), then the largest process, then the largest pool. `tmpfs_volumes`:
-    names of the Kubernetes volumes behind the cgroup's tmpfs mounts, where the caller knows them."""
+    names of the Kubernetes volumes behind the cgroup's tmpfs mounts, where the caller knows them. `advice`:
+    advice_for()'s key, what "more memory" means here."""
+    more = RAISE.get(advice, RAISE["other"])
     parts = parts or {}
     whole = limit_bytes
     if not whole:
@@ -211,8 +234,8 @@ def verdict(parts: Optional[Mapping[str, Optional[int]]], holders: Sequence[Mapp
     if (v := dominant("shmem_bytes")) is not None:
         where = "tmpfs or /dev/shm" + (f" ({', '.join(tmpfs_volumes)})" if tmpfs_volumes else "")
         return "shmem", (f"{where} held {human_bytes(v)}{of}; tmpfs pages stay charged after a restart, so "
-                         "the container will be killed again until its files are deleted; set the emptyDir's "
-                         "sizeLimit, or count it in the limit")
+                         "the container will be killed again until its files are deleted; "
+                         + CAP_TMPFS.get(advice, CAP_TMPFS["other"]))
     if (v := dominant("unevictable_bytes")) is not None:
         return "unevictable", (f"unevictable (locked or pinned) pages held {human_bytes(v)}{of}; the kernel "
                                "cannot reclaim them (mlock, pinned host memory of GPU frameworks): pin less, "
@@ -220,16 +243,16 @@ def verdict(parts: Optional[Mapping[str, Optional[int]]], holders: Sequence[Mapp
     if (v := dominant("kernel_bytes")) is not None:
         return "kernel", (f"kernel memory (slab, stacks, page tables) held {human_bytes(v)}{of}; it is "
                           "charged for what the processes asked of the kernel (many files, sockets, "
-                          "processes or threads): find what they create in numbers, or raise the limit")
+                          f"processes or threads): find what they create in numbers, or {more}")
     if (v := dominant("sock_bytes")) is not None:
         return "sock", (f"socket buffers held {human_bytes(v)}{of}; peers did not read or the application "
-                        "did not drain its sockets fast enough: bound the buffers, or raise the limit")
+                        f"did not drain its sockets fast enough: bound the buffers, or {more}")
     if (v := dominant("file_bytes")) is not None:
         dirty = (parts.get("file_dirty_bytes") or 0) + (parts.get("file_writeback_bytes") or 0)
         detail = f" ({human_bytes(dirty)} dirty or under writeback)" if dirty else ""
         return "file", (f"page cache held {human_bytes(v)}{of}{detail}; pages being written could not be "
                         "reclaimed in time: write with less buffered data (fsync as you go, lower "
-                        "vm.dirty_bytes) or raise the limit")
+                        f"vm.dirty_bytes), or {more}")
     top = holders[0] if holders else None
     if top and (top.get("rss_bytes") or 0) >= DOMINANT_SHARE * whole:
         killed = ", and was killed" if top.get("killed") else ""
@@ -237,14 +260,13 @@ def verdict(parts: Optional[Mapping[str, Optional[int]]], holders: Sequence[Mapp
         over = limit_bytes and top["rss_bytes"] > limit_bytes
         shared = " (its rss counts shared file pages)" if over else ""
         return "process", (f"{top['comm']} (pid {top['pid']}) held {human_bytes(top['rss_bytes'])}{of}"
-                           f"{shared}{killed}; reduce what it holds, or raise the limit")
+                           f"{shared}{killed}; reduce what it holds, or {more}")
     pool = pools_[0] if pools_ else None
     if pool and (pool.get("rss_bytes") or 0) >= DOMINANT_SHARE * whole:
         over = limit_bytes and pool["rss_bytes"] > limit_bytes
         shared = " (pages they share count in each)" if over else ""
         return "pool", (f"{pool['processes']} × {pool['comm']} held {human_bytes(pool['rss_bytes'])}{of}"
-                        f"{shared}; together they filled it: fewer workers, less memory per worker, or a "
-                        "larger limit")
+                        f"{shared}; together they filled it: fewer workers, less memory per worker, or {more}")
     return "unknown", ("no one kind of memory, process or pool of processes held half of the limit"
                        if limit_bytes else "no one kind of memory, process or pool held half of the memory")
 
@@ -312,7 +334,7 @@ def kill_lines_breakdown(rows: Sequence[TaskRow]) -> Optional[dict[str, Any]]:
 
 
 def _kill_lines_verdict(sizes: Mapping[str, Optional[int]], holders: Sequence[Mapping], pools_: Sequence[Mapping],
-                        limit_bytes: Optional[int]) -> tuple[str, str]:
+                        limit_bytes: Optional[int], advice: str) -> tuple[str, str]:
     """The verdict from the kill lines alone: a process or pool only by its share of a known limit (of what the
     killed processes held, one of them always dominates: that says nothing); always said to be partial."""
     held = (sizes.get("anon_bytes") or 0) + (sizes.get("file_bytes") or 0) + (sizes.get("shmem_bytes") or 0)
@@ -322,7 +344,7 @@ def _kill_lines_verdict(sizes: Mapping[str, Optional[int]], holders: Sequence[Ma
             + (f" ({kinds})" if kinds else ""))
     if not limit_bytes:
         return "unknown", said + "; the limit, page cache they did not map and kernel memory are not in the log"
-    name, sentence = verdict(None, holders, pools_, limit_bytes)
+    name, sentence = verdict(None, holders, pools_, limit_bytes, advice=advice)
     return name, said + (f"; {sentence}" if name != "unknown" else
                          "; page cache they did not map and kernel memory are not in the log")
 
@@ -331,7 +353,7 @@ def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int]
                 page_size: Optional[int], victim_rss_bytes: Optional[int] = None,
                 oom_cgroup: Optional[str] = None, tmpfs_volumes: Sequence[str] = (),
                 memory_stat: Optional[tuple[MemoryStat, float]] = None,
-                killed: Sequence[KilledProcess] = ()) -> dict:
+                killed: Sequence[KilledProcess] = (), advice: str = "k8s") -> dict:
     """What held the memory, from one report's memory part (oomwatch.parse.memstat): {"memory_breakdown":
     {source, age_seconds, BREAKDOWN_KEYS…} | None, "top_holders": […], "pools": […], "verdict": VERDICTS,
     "verdict_sentence": str}. `page_size`: the task table's pages (the agent's own; None for a pasted log: told
@@ -340,7 +362,7 @@ def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int]
     and are left out. `memory_stat`: (a memory.stat reading of the OOM cgroup known to be from before the kill,
     seconds before it), used when the report printed no stats block (source "memory.stat"). `killed`: the killed
     processes with their kill lines' sizes: the last evidence, for the breakdown (source "kill_lines") and the
-    holders (`"from": "kill_lines"`) where the report's own were lost."""
+    holders (`"from": "kill_lines"`) where the report's own were lost. `advice`: advice_for()'s key."""
     if report is not None and report.stats is not None and oom_cgroup and report.cgroup not in (None, oom_cgroup):
         report = report._replace(stats=None)
     parts: Optional[dict] = None
@@ -371,9 +393,9 @@ def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int]
             h["from"] = "kill_lines"
     sizes = {k: parts.get(k) for k in BREAKDOWN_KEYS} if parts else None
     if parts is not None and parts["source"] == "kill_lines":
-        name, sentence = _kill_lines_verdict(sizes, holders, pools_, limit_bytes)
+        name, sentence = _kill_lines_verdict(sizes, holders, pools_, limit_bytes, advice)
     else:
-        name, sentence = verdict(sizes, holders, pools_, limit_bytes, tmpfs_volumes)
+        name, sentence = verdict(sizes, holders, pools_, limit_bytes, tmpfs_volumes, advice)
     if parts is not None and parts["source"] == "memory.stat" and name != "unknown":
         sentence = f"memory.stat read {parts['age_seconds']:.3g} s before the kill: {sentence}"
     return {"memory_breakdown": parts, "top_holders": holders, "pools": pools_, "verdict": name,

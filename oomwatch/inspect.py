@@ -19,15 +19,16 @@ from oomwatch.correlator import is_within, oom_group_ancestor
 from oomwatch.explain import explain, size
 from oomwatch.holders import human_bytes
 from oomwatch.model import CgroupStats, Incident, KmsgRecord
+from oomwatch.events import CgroupAdded
 from oomwatch.node import (
     NodePosture,
     cgroup_version_label,
     host_boot_time,
     is_workload_cgroup,
-    make_correlator,
     node_layout,
     with_effective_oom_group,
 )
+from oomwatch.replay import LogReplay, saved_log_settings
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.parse.kmsg import TextLogStats
 from oomwatch.sources.kmsg import (
@@ -65,20 +66,17 @@ def parse_since(text: str, now: float) -> float:
     return value.timestamp()
 
 
-def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
-                   cgroup_of_pid=lambda pid: None, boot_id: str = "unknown",
-                   clock=time.time, tz=None, on_incident: Optional[Callable[[Incident], None]] = None
-                   ) -> tuple[list[Incident], dict]:
-    """Every incident still in the kernel's ring buffer (or in the saved log). Returns (incidents, reader
-    health: what was read, understood and found). With `on_incident`, each incident goes there as it is
-    found and none is kept (a log of a million kills). Raises KmsgUnavailable when the log cannot be read at
-    all, or when a saved log holds nothing (empty input, or journalctl saying it found no journal)."""
+def read_incidents(config: Config, resolver: WorkloadResolver, single: str, node_events: Iterable[Any] = (),
+                   boot_id: str = "unknown", clock=time.time, tz=None,
+                   on_incident: Optional[Callable[[Incident], None]] = None) -> tuple[list[Incident], dict]:
+    """Every incident still in the kernel's ring buffer (or in the saved log), found by the agent's own pipeline
+    (oomwatch.replay) after `node_events` (the cgroups found on this node, as events.CgroupAdded). Returns
+    (incidents, reader health: what was read, understood and found). With `on_incident`, each incident goes
+    there as it is found and none is kept (a log of a million kills). Raises KmsgUnavailable when the log cannot
+    be read at all, or when a saved log holds nothing (empty input, or journalctl saying it found no journal)."""
     kind = kernel_log_kind(config.kmsg)
     live = kind != SAVED
     boot_time = config.boot_time if config.boot_time is not None else host_boot_time()
-    correlator = make_correlator(boot_id=boot_id if live else "saved-log", boot_time=boot_time,
-                                 resolver=resolver, posture_single=lambda: single, cgroup_of_pid=cgroup_of_pid,
-                                 clock=clock, live=live)
     health: dict[str, Any] = {"source": config.kmsg, "live": live, "records": 0, "lost": 0, "parse_errors": 0,
                               "suppressed_reports": 0}
     text_stats = TextLogStats()
@@ -86,40 +84,42 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str,
     incidents: list[Incident] = []
     found = 0
 
-    def take(new: list[Incident]) -> None:
+    def take(incident: Incident) -> None:
         nonlocal found
-        found += len(new)
+        found += 1
         if on_incident is None:
-            incidents.extend(new)
+            incidents.append(incident)
         else:
-            for incident in new:
-                on_incident(incident)
+            on_incident(incident)
 
-    wall_clock = False
-    first_error: Optional[str] = None
-    report_starts = 0  # `invoked oom-killer` and `oom-kill:` lines: reports that began, found or not
-    try:
+    settings = saved_log_settings(boot_id=boot_id if live else "saved-log", boot_time=boot_time,
+                                  page_size=os.sysconf("SC_PAGE_SIZE") if live else None)
+    replay = LogReplay(settings, resolver, now=clock(), on_incident=take, single_process_oom_kill=single)
+    seen = {"wall_clock": False, "report_starts": 0, "first_garbled": None}
+
+    def counted(items: Iterable[Any]) -> Iterable[Any]:
+        """The items as read, noting what the reader's health says of them."""
         for item in items:
             if isinstance(item, KmsgRecord):
-                wall_clock = wall_clock or item.wall_time is not None
+                seen["wall_clock"] = seen["wall_clock"] or item.wall_time is not None
                 text = item.text
                 if " invoked oom-killer: " in text or text.startswith("oom-kill:"):
-                    report_starts += 1
-                errors = correlator.stats.parse_errors
-                take(correlator.feed(item))
-                if first_error is None and correlator.stats.parse_errors > errors:
-                    first_error = item.text[:200]
+                    seen["report_starts"] += 1  # reports that began, found or not
             elif isinstance(item, Lost):
                 health["lost"] += item.count or 0
-                correlator.lost(item.count or 0)
             elif isinstance(item, Garbled):
                 health["parse_errors"] += 1
-                if first_error is None:
-                    first_error = item.raw[:200].decode("utf-8", "backslashreplace")
+                if seen["first_garbled"] is None:
+                    seen["first_garbled"] = item.raw[:200].decode("utf-8", "backslashreplace")
+            yield item
+
+    try:
+        replay.run(node_events, counted(items))
     except OSError as exc:
         raise KmsgUnavailable(f"{config.kmsg}: {exc.strerror or exc}") from exc
-    take(correlator.flush())
-    stats = correlator.stats
+    stats = replay.pipeline.correlator.stats
+    first_error = seen["first_garbled"] or stats.first_parse_error
+    wall_clock, report_starts = seen["wall_clock"], seen["report_starts"]
     if report_starts and not found:
         health["reports_without_kill"] = report_starts
     health["records"] = stats.records
@@ -339,7 +339,7 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
     single = posture.single_process_oom_kill() if node_view else "unknown"
     report: dict[str, Any] = {"node": None, "workloads": [], "incidents": [], "kmsg": None, "notes": notes}
 
-    pids: dict[int, str] = {}
+    found_cgroups: list[CgroupAdded] = []  # the node's cgroups, for the pipeline that reads the kernel log
     if node_view:
         version = posture.cgroup_version
         fields = fs.memory_event_fields() if os.path.isdir(config.cgroup_root) else ()
@@ -357,13 +357,15 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
             stats = fs.read_stats(path, with_pids=True)
             if stats is None:
                 continue
-            for pid in stats.pids:
-                pids[pid] = path
-            if stats.events_local is not None:
-                try:
-                    counted[path] = (os.stat(fs.abspath(path)).st_ino, stats.events_local, stats.oom_group)
-                except OSError:
-                    pass  # gone meanwhile
+            try:
+                ino: Optional[int] = os.stat(fs.abspath(path)).st_ino
+            except OSError:
+                ino = None  # gone meanwhile
+            if stats.events_local is not None and ino is not None:
+                counted[path] = (ino, stats.events_local, stats.oom_group)
+            # the cgroup as the agent's cgroup source would hand it to the pipeline (names: read above)
+            limited = stats.limit_bytes is not None and not math.isinf(stats.limit_bytes)
+            found_cgroups.append(CgroupAdded(path, ino, stats.events_local, stats.oom_group, limited, stats.pids))
             if workload.type == "k8s-container" and workload.cgroup == path and not workload.sandbox:
                 containers += 1
                 containers_grouped += stats.oom_group == 1
@@ -433,9 +435,6 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
             notes.append("not running as root: some cgroups and the kernel log may be unreadable; what is "
                          "readable is shown.")
 
-    def cgroup_of_pid(pid: int) -> Optional[str]:
-        return proc.cgroup_of(pid) or pids.get(pid)
-
     shown = _Selection(target, container, since, limit)
     reconciler = None
     if node_view and kernel_log_kind(config.kmsg) != SAVED and counted:
@@ -461,8 +460,8 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
                 container_kills.setdefault((w.namespace, w.pod, w.container), []).append((incident.time, victim))
 
     try:
-        _, health = read_incidents(config, resolver, single, cgroup_of_pid if node_view else (lambda p: None),
-                                   boot_id=proc.boot_id(), clock=clock, tz=tz, on_incident=offer)
+        _, health = read_incidents(config, resolver, single, found_cgroups, boot_id=proc.boot_id(), clock=clock,
+                                   tz=tz, on_incident=offer)
         if reconciler is not None:
             found = reconciler.reconcile(clock(), log_drained_at=clock())
             for incident in found:
@@ -523,7 +522,7 @@ def _incident_json(incident: Incident, unknown_boot: Optional[float]) -> dict[st
     out = incident.to_json()
     if unknown_boot is not None:
         out["time"] = None
-        out["since_boot_seconds"] = round(incident.time - unknown_boot, 6)
+        out["since_boot_seconds"] = round(incident.time - unknown_boot, 6) if incident.time_known else None
     return out
 
 
@@ -697,13 +696,15 @@ def render_text(report: dict[str, Any], color: bool = False, width: int = 80) ->
     for inc in incidents:
         killed = inc["killed"]
         when = (utc_seconds(_epoch(inc["time"])) if inc["time"] is not None
-                else f"{inc['since_boot_seconds']:.6f} s after boot")
+                else f"{inc['since_boot_seconds']:.6f} s after boot" if inc.get("since_boot_seconds") is not None
+                else "time not in the log")
         tag = s.red("GROUP") if inc["kind"] == "group" else "single"
         if inc.get("evidence") == "memory.events":  # counted by the kernel, no longer in its log: no pids
             out.append(f"  {when}  {tag} kill, scope {inc['scope']}, counted from memory.events")
             out.extend(_wrap(inc["explanation"], width, indent="    ", keep=_names_in(inc)))
             continue
-        out.append(f"  {when}  {tag} kill, scope {_scope_shown(inc)}, {len(killed)} killed")
+        seen = " (known only from the oom_reaper line)" if inc.get("evidence") == "oom_reaper" else ""
+        out.append(f"  {when}  {tag} kill, scope {inc['scope']}, {len(killed)} killed{seen}")
         out.extend(_wrap(inc["explanation"], width, indent="    ", keep=_names_in(inc)))
         pids = ", ".join(f"{p['comm']}({p['pid']})" for p in killed)
         out.extend(_wrap(f"killed: {pids}", width, indent="    "))
@@ -764,15 +765,6 @@ def _names_in(inc: dict) -> list[Optional[str]]:
     except (TypeError, KeyError):
         pass
     return names
-
-
-def _scope_shown(inc: dict) -> str:
-    """The scope as the header shows it: "unknown" where the log does not say which limit was hit (no
-    summary, no cgroup: the sentence says so too), whatever the JSON's default."""
-    victim = inc.get("victim") or {}
-    if inc.get("constraint") in ("memcg", "unknown") and inc.get("oom_cgroup") is None and not victim.get("cgroup"):
-        return "unknown"
-    return inc["scope"]
 
 
 def _size_cell(n: Optional[float]) -> str:

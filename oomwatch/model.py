@@ -335,8 +335,9 @@ class Incident:
     # "kmsg": described by the kernel log; "memory.events": counted by the kernel's memory.events while no log
     # record still describes it (ring wrapped, agent down): no pids, `time` is the end of the window in which
     # the counter moved and `window_start` its start.
-    evidence: str = "kmsg"
+    evidence: str = "kmsg"  # also "oom_reaper": known only from the reaper's line (its kill line is missing)
     window_start: Optional[float] = None
+    time_known: bool = True  # False: the log's line carried no time (`time` is then its boot's start)
     live: bool = True  # read from the live kernel log: latency means something (not for saved logs)
     kill_lines: tuple[tuple[str, int], ...] = ()  # `Killed process` lines per cgroup (memory.events oom_kill)
     group_inferred: bool = False  # group kill told from memory.oom.group: its `Tasks in` line was lost
@@ -391,7 +392,7 @@ class Incident:
         from oomwatch.timefmt import iso8601
 
         out: dict[str, Any] = {
-            "time": iso8601(self.time),
+            "time": iso8601(self.time) if self.time_known else None,
             "boot_id": self.boot_id,
             "kernel_seq": self.kernel_seq,
             "kind": self.kind,

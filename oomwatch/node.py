@@ -1,5 +1,6 @@
-"""What the agent and `inspect` both know about this node: its OOM posture, which cgroups are workloads,
-and how kernel records become incidents here. Neither command's wiring lives here; both import this."""
+"""What the agent and `inspect` both know about this node: its OOM posture and which cgroups are workloads (how
+kernel records become incidents is the pipeline's, for both: oomwatch.replay). Neither command's wiring lives
+here; both import this."""
 
 from __future__ import annotations
 
@@ -7,17 +8,14 @@ import math
 import os
 import time
 from dataclasses import replace
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 from oomwatch.config import Config
-from oomwatch.correlator import BlindView, Correlator, NodeView
-from oomwatch.explain import explain
 from oomwatch.model import CgroupStats, NodeInfo, Workload
 from oomwatch.nodestate import is_workload
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.sources.cgroupfs import cat as cat_text
 from oomwatch.store import Labels
-from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
 from oomwatch.workloads.paths import CgroupLayout
 
@@ -46,8 +44,6 @@ def cgroup_root_problem(root: str, version: str) -> Optional[str]:
     """Why the agent cannot see workloads' memory at `root` (None: it can). `version` is Proc.cgroup_version's.
     Raises FileNotFoundError when `root` does not exist: a mistyped host path is a start failure, not an agent
     that is green and blind."""
-    import os
-
     if not os.path.isdir(root):
         raise FileNotFoundError(f"--cgroup-root {root} does not exist (where is the host's /sys/fs/cgroup "
                                 "mounted? in a DaemonSet, mount it and point --cgroup-root at it)")
@@ -107,37 +103,6 @@ class NodePosture:
         """The node's info series with the policy as last read (the agent's pipeline holds it)."""
         return NodeInfo(kernel=self.kernel, cgroup_version=cgroup_version_label(self.cgroup_version),
                         single_process_oom_kill=single_process_oom_kill)
-
-
-class PidView(BlindView):
-    """A view that knows only where some pids were (inspect on a live node, tests)."""
-
-    def __init__(self, cgroup_of_pid: Callable[[int], Optional[str]]) -> None:
-        self._cgroup_of_pid = cgroup_of_pid
-
-    def cgroup_of_pid(self, pid: int) -> Optional[str]:
-        return self._cgroup_of_pid(pid)
-
-
-def make_correlator(*, boot_id: str, boot_time: float, resolver: WorkloadResolver,
-                    posture_single: Callable[[], str], view: Optional[NodeView] = None,
-                    cgroup_of_pid: Optional[Callable[[int], Optional[str]]] = None,
-                    clock: Callable[[], float] = time.time, live: bool = True) -> Correlator:
-    """`live`: this host's kernel log (its task tables are in this host's pages), else a saved one."""
-    if view is None:
-        view = PidView(cgroup_of_pid) if cgroup_of_pid is not None else BlindView()
-    return Correlator(
-        boot_id=boot_id,
-        boot_time=boot_time,
-        resolve_workload=resolver.resolve,
-        scope_of=resolver.layout.scope_of,
-        explain=lambda incident: explain(incident, posture_single()),
-        view=view,
-        detected_clock=clock,
-        live=live,
-        page_size=os.sysconf("SC_PAGE_SIZE") if live else None,
-        tmpfs_mounts=resolver.tmpfs_mounts,
-    )
 
 
 def host_boot_time() -> float:

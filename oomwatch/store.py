@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 2
 KINDS = ("single", "group")
 ROLES = ("victim", "collateral")
-SCOPES = ("container", "pod", "node", "cgroup")
+SCOPES = ("container", "pod", "node", "cgroup", "unknown")  # unknown: the log does not say which limit
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 MAX_EXPLANATION = 1000  # characters of an incident's explanation kept for the info series

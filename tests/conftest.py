@@ -112,3 +112,24 @@ class SeqpacketKmsg:
                 pass
 
         return _Reader(path)
+
+
+def make_correlator(*, boot_id: str, boot_time: float, resolver, posture_single=lambda: "unknown", view=None,
+                    cgroup_of_pid=None, clock=time.time, live: bool = True):
+    """A correlator alone, for its unit tests (the agent and inspect run it inside the pipeline: oomwatch.replay):
+    `view` or `cgroup_of_pid` what it may know of the node; `live`: this host's log (its page size)."""
+    import os
+
+    from oomwatch.correlator import BlindView, Correlator
+    from oomwatch.explain import explain
+
+    if view is None and cgroup_of_pid is not None:
+        class PidView(BlindView):
+            def cgroup_of_pid(self, pid: int):
+                return cgroup_of_pid(pid)
+
+        view = PidView()
+    return Correlator(boot_id=boot_id, boot_time=boot_time, resolve_workload=resolver.resolve,
+                      scope_of=resolver.layout.scope_of, explain=lambda incident: explain(incident, posture_single()),
+                      view=view or BlindView(), detected_clock=clock, live=live,
+                      page_size=os.sysconf("SC_PAGE_SIZE") if live else None, tmpfs_mounts=resolver.tmpfs_mounts)

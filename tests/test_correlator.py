@@ -7,7 +7,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from oomwatch.node import make_correlator
+from tests.conftest import make_correlator
 from oomwatch.model import KmsgRecord
 from oomwatch.parse.kmsg import parse_text_log
 from oomwatch.workloads import WorkloadResolver

@@ -13,7 +13,7 @@ from oomwatch.config import Config
 from oomwatch.holders import BREAKDOWN_KEYS, breakdown, held_memory, page_size_of
 from oomwatch.inspect import held_lines, read_incidents, render_text
 from oomwatch.model import STAT_KEYS_USED, KmsgRecord, ReportMemory, Skipped
-from oomwatch.node import make_correlator
+from tests.conftest import make_correlator
 from oomwatch.parse.kmsg import TextLogStats, parse_kmsg_record, parse_text_log, text_lines
 from oomwatch.parse.memstat import memory_reports, parse_memory_stat_block, part_report
 from oomwatch.sources.kmsg import LiveKmsg

@@ -8,7 +8,7 @@ import re
 from typing import Optional
 
 from oomwatch.model import KmsgRecord
-from oomwatch.node import make_correlator
+from tests.conftest import make_correlator
 from oomwatch.parse.kmsg import parse_text_log
 from oomwatch.parse.prefilter import could_be_oom
 from oomwatch.parse.oom import parse_oom_line

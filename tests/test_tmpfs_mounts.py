@@ -93,7 +93,7 @@ def test_a_shmem_verdict_names_the_volumes_behind_it() -> None:
         def tmpfs_mounts(self, workload: Workload) -> tuple[str, ...]:
             return ('emptyDir "dshm" at /dev/shm',) if workload.cgroup == "/shm" else ()
 
-    from oomwatch.node import make_correlator
+    from tests.conftest import make_correlator
 
     correlator = make_correlator(boot_id="t", boot_time=0.0, resolver=Volumes(), posture_single=lambda: "false")
     incidents = {i.oom_cgroup: i for i in incidents_of(read_like_the_agent(raw_records(KMSG / "linux-6.12-holders.kmsg")),

@@ -365,13 +365,14 @@ class CgroupLayout:
           count as the container).
         - "pod": the oom cgroup is the victim's pod cgroup.
         - "cgroup": anything else, including every non-Kubernetes workload (a Slurm step or a systemd unit
-          that hit its own limit is "cgroup": container and pod are Kubernetes notions), and a memcg OOM
-          whose cgroup is unknown (a ratelimited storm lost its `oom-kill:` summary).
+          that hit its own limit is "cgroup": container and pod are Kubernetes notions).
+        - "unknown": not global, and the log does not say which cgroup ran out (no `oom-kill:` summary, and
+          nothing else placed it: a pasted kill line alone, a kill known only from its reaper line).
         """
         if constraint == "global":
             return "node"
         if oom_cgroup is None:
-            return "cgroup"
+            return "unknown"  # which limit was hit is not in the log (no summary, no cgroup to tell it from)
         oom = normalize(oom_cgroup)
         if oom == "/" or self.is_kubepods_root(oom):
             return "node"
