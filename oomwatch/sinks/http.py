@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from prometheus_client import CollectorRegistry
 
-    from oomwatch.sinks.webconfig import WebSettings
+    from oomwatch.sinks.webconfig import BasicAuth, WebSettings
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class HttpSink:
         self._store, self._health = store, health
         self._headers: tuple[tuple[str, str], ...] = web.headers if web else ()
         self._client_sans = None  # with RequireAndVerifyClientCert: the allowed SANs (empty: any)
-        self._basic = None
+        self._basic: Optional[BasicAuth] = None
         if web is not None:
             from oomwatch.sinks.webconfig import BasicAuth
 
@@ -125,6 +125,11 @@ class HttpSink:
 
     def stop(self) -> None:
         self.server.stop()
+
+    @property
+    def basic_auth(self) -> Optional[BasicAuth]:
+        """The web config's basic-auth users, whose verify() a new credential's check calls; None: no basic auth."""
+        return self._basic
 
     @property
     def failed_scrapes(self) -> int:

@@ -36,10 +36,20 @@ What a client can make this server do, at most:
   has gone before its scrape starts costs nothing. At most `max_bodies` finished scrape bodies stay in memory
   for slow readers; the slowest are dropped beyond.
 - have at most `scrapes_per_client` of its requests served from scrapes at a time (Prometheus sends one per
-  target, an HA pair behind one address two). Its further requests wait their turn, in order, parsed but
-  unanswered and taking no part in any scrape, so another client's request never waits behind them: a flood
-  of connections from one address is served two at a time while a scraper on another address joins the scrape
-  that runs. A client's connections, however many, also share one client's bandwidth (above).
+  target, an HA pair behind one address two). Its further requests wait their turn, parsed but unanswered and
+  taking no part in any scrape, so another client's request never waits behind them: a flood of connections
+  from one address is served two at a time while a scraper on another address joins the scrape that runs.
+  A client's connections, however many, also share one client's bandwidth (above).
+- make a connection of its own address wait at most one scrape (per connection, not only per address: behind
+  a node-local proxy, a NAT or hostNetwork a flood and Prometheus share an address). A client's waiting
+  requests take their turns by how long each connection left the server alone before asking (its idle gap:
+  since its last response ended; none for a connection's first request): those idle `patient_gap` or more
+  first, longest first, then the others in the order they asked (so none of them starves): a keep-alive
+  scraper that asks every 15 s goes before connections asking back to back and before new ones, whatever
+  their number. A finished body is taken once per connection (not once per
+  address), so the scraper at the head of its address's turns takes the body that just ended instead of
+  waiting for the pacing window. At the connection cap, a connection that never had a response is replaced
+  before an idle keep-alive one that had.
 - keep a body whole only while scrapes are wanted concurrently (a second request shares it, or it was asked
   for while another ran), and then until the pacing window after it ends: a newcomer joins such a body from
   its start or takes it just after, never waiting for the scrape after it. A lone scraper's body (Prometheus,
@@ -67,6 +77,7 @@ idle agent is not woken by this server.
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import logging
 import os
@@ -100,6 +111,8 @@ class Limits:
     scrape_cpu_share: float = 0.5  # of one core, at most, for scrapes: after one of c CPU seconds, c without
     scrapes_per_client: int = 2  # a client's requests served from scrapes at once; its others wait their turn
     paced_within: float = 1.0  # a client served a scrape this recently waits for the pacing window
+    patient_gap: float = 0.1  # a connection idle this long before asking takes its client's turns before those
+    # that ask back to back (longest idle first): a keep-alive scraper among a flood of its own address
     tls_handshakes_per_client: float = 20.0  # a second, after a burst of twice as many: beyond, closed unread
 
 
@@ -149,6 +162,50 @@ class Check:
 
 
 Answer = Union[Response, Scrape, Check]
+
+
+@dataclass(frozen=True)
+class ScrapeState:
+    """One scrape as HttpServer.state() shows it."""
+
+    key: str
+    serial: int  # the how-manieth scrape started (as `scrapes` counts); 0: waiting to start
+    readers: tuple[tuple[str, int], ...]  # peers (host, port) served from it now
+    kept_whole: bool  # no chunk dropped as sent: a newcomer can join it from the start
+    chunks_dropped: int  # chunks every reader had, released
+    chunks_held: int  # chunks in memory now
+    done: bool
+    reuse_until: float  # (monotonic) a finished body kept whole: newcomers take it until then
+
+
+@dataclass(frozen=True)
+class ConnectionState:
+    """One connection as HttpServer.state() shows it."""
+
+    peer: tuple[str, int]  # (host, port) as accept() gave it: the client's getsockname()
+    client: str  # client_key(peer): what per-client limits count by
+    state: str  # handshake | idle | head | checking | holding | queued | waiting | writing
+    scrape: int  # the serial of the scrape it is served from; 0: none, or one not started yet
+    chunks_sent: int  # chunks of that scrape's body handed to its socket so far
+    gap: float  # seconds it left the server alone before its current request (its turn's order)
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """What the server holds between two turns of its loop (HttpServer.state()): for tests, benchmarks and
+    debugging."""
+
+    connections: tuple[ConnectionState, ...]
+    running: Optional[ScrapeState]
+    pending: tuple[ScrapeState, ...]  # scrapes waiting to start, oldest first
+    last: Optional[ScrapeState]  # the last finished body, kept whole for newcomers within the pacing window
+    finished: tuple[ScrapeState, ...]  # finished bodies still being read (at most max_bodies)
+    scraping: dict[str, int]  # client → its connections served from scrapes now
+    queued: dict[str, tuple[tuple[str, int], ...]]  # client → the peers of its requests waiting, in turn order
+    checks_waiting: tuple[str, ...]  # clients with a check waiting (not the one running)
+
+    def connection(self, peer: tuple[str, int]) -> Optional[ConnectionState]:
+        return next((c for c in self.connections if c.peer == peer), None)
 Handler = Callable[[Request], Answer]
 # Scrape key → (content type, body chunks); called and iterated on the worker thread.
 Producer = Callable[[str], tuple[str, Iterable[bytes]]]
@@ -160,6 +217,12 @@ _TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGH
 _WOULD_BLOCK = (BlockingIOError, InterruptedError)
 SEND_PER_CLIENT = 1 << 20  # bytes a turn of the loop sends to one client, shared by its connections
 SEND_MIN = 16 << 10  # and to one connection at least
+
+
+def send_share(connections: int) -> int:
+    """Bytes one turn of the loop sends to a connection whose client holds `connections`: a share of
+    SEND_PER_CLIENT, SEND_MIN at least."""
+    return max(SEND_MIN, SEND_PER_CLIENT // max(1, connections))
 
 
 def name_os_thread(name: str) -> None:
@@ -277,10 +340,11 @@ class _Flight:
     each chunk once all of them have it, so a streamed body does not pile up in memory."""
 
     __slots__ = ("key", "content_type", "chunks", "base", "done", "error", "conns", "abandoned", "started",
-                 "overdue", "cpu", "keep", "clients", "reuse_until")
+                 "overdue", "cpu", "keep", "clients", "reuse_until", "serial")
 
     def __init__(self, key: str) -> None:
         self.key = key
+        self.serial = 0  # the how-manieth scrape started (HttpServer.scrapes when it started); 0: not yet
         self.started = 0.0  # when the worker was given it (monotonic)
         self.overdue = False  # still running after write_timeout: counted as failed once
         self.cpu = 0.0  # CPU seconds the worker spent on it (set when done)
@@ -299,10 +363,13 @@ class _Flight:
 class _Conn:
     __slots__ = ("sock", "tls", "state", "inbuf", "out", "deadline", "since", "events", "keep_alive",
                  "flight", "extra_headers", "chunk", "chunked", "headers_sent", "terminated", "peer_cert",
-                 "closed", "client", "burst", "check", "held", "release_at", "scrape")
+                 "closed", "client", "burst", "check", "held", "release_at", "scrape", "idle_since", "gap",
+                 "served", "last_serial", "peer")
 
-    def __init__(self, sock: socket.socket, tls: bool, now: float, header_timeout: float, client: str) -> None:
+    def __init__(self, sock: socket.socket, tls: bool, now: float, header_timeout: float, client: str,
+                 peer: tuple[str, int] = ("", 0)) -> None:
         self.sock = sock
+        self.peer = peer
         self.tls = tls
         self.client = client
         # handshake | idle | head | checking | holding | queued | waiting | writing
@@ -326,6 +393,10 @@ class _Conn:
         self.held: Optional[Response] = None  # a response it waits for (Response.hold), until release_at
         self.release_at = 0.0
         self.scrape: Optional[Scrape] = None  # the scrape it waits to join (queued: its client has its share)
+        self.idle_since = now  # when its last response ended
+        self.gap = 0.0  # seconds it left the server alone before its current request (its turn's order)
+        self.served = False  # a response of it ended (an idle keep-alive one is replaced after the others)
+        self.last_serial = 0  # the scrape whose body it was last served (a connection takes a body once)
 
     @property
     def evictable(self) -> bool:
@@ -337,7 +408,8 @@ class HttpServer:
     handler's `Check`s run on a third, started at the first.
 
     Read from other threads (the agent's health): `scrapes` started, `failed_scrapes`, `last_scrape_error`
-    (text of the latest failure, kept), `last_scrape_failed` (the latest scrape that ended failed)."""
+    (text of the latest failure, kept), `last_scrape_failed` (the latest scrape that ended failed); `state()`:
+    what it holds (connections, scrapes, turns), as its loop sees it between two turns."""
 
     def __init__(self, address: tuple[str, int], handler: Handler, producer: Producer, *,
                  limits: Limits = DEFAULT_LIMITS,
@@ -377,7 +449,7 @@ class HttpServer:
         self._last: Optional[_Flight] = None  # the last finished body, kept whole: newcomers take it
         self._served_at: OrderedDict[str, float] = OrderedDict()  # client → when its last scrape ended
         self._scraping: dict[str, int] = {}  # client → its connections in a scrape (joined to a flight)
-        self._queued: dict[str, deque[_Conn]] = {}  # client → its connections waiting their turn, in order
+        self._queued: dict[str, list[_Conn]] = {}  # client → its connections waiting, in turn order (_turn)
         self._freed: deque[str] = deque()  # clients with a scrape just ended: their next queued one joins
         self._work: queue.SimpleQueue[Optional[_Flight]] = queue.SimpleQueue()
         self.scrapes = 0  # scrapes started
@@ -397,6 +469,7 @@ class HttpServer:
             queue.SimpleQueue()
         self._checker: Optional[threading.Thread] = None
         self._throttled = Throttled()
+        self._state_wanted: deque[tuple[list[ServerState], threading.Event]] = deque()  # state(), from threads
         self._handshakes = PerClientRate(limits.tls_handshakes_per_client, 2 * limits.tls_handshakes_per_client)
         self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
         self._worker = threading.Thread(target=self._scrape_worker, name="http-scrape", daemon=True)
@@ -408,6 +481,34 @@ class HttpServer:
     @property
     def connections(self) -> int:
         return len(self._conns)
+
+    def state(self, timeout: float = 5.0) -> ServerState:
+        """What the server holds now, made by its loop between two turns, so the view is consistent (it costs
+        the loop one wakeup); before start() or after stop(), made here."""
+        if not self._thread.is_alive():
+            return self._describe()
+        box: list[ServerState] = []
+        done = threading.Event()
+        self._state_wanted.append((box, done))
+        self._wake()
+        if not done.wait(timeout):
+            raise TimeoutError("the HTTP loop did not describe its state")
+        return box[0]
+
+    def _describe(self) -> ServerState:
+        def scrape(flight: Optional[_Flight]) -> Optional[ScrapeState]:
+            if flight is None:
+                return None
+            return ScrapeState(flight.key, flight.serial, tuple(sorted(c.peer for c in flight.conns)),
+                               flight.keep, flight.base, len(flight.chunks), flight.done, flight.reuse_until)
+
+        connections = tuple(ConnectionState(c.peer, c.client, c.state, c.flight.serial if c.flight else 0,
+                                            c.chunk, c.gap) for c in self._conns)
+        return ServerState(connections, scrape(self._running),
+                           tuple(scrape(f) for f in self._pending.values()),  # type: ignore[misc]
+                           scrape(self._last), tuple(scrape(f) for f in self._finished),  # type: ignore[misc]
+                           dict(self._scraping), {k: tuple(c.peer for c in v) for k, v in self._queued.items()},
+                           tuple(self._checks_waiting))
 
     def start(self) -> None:
         self._sel.register(self._listener, selectors.EVENT_READ, None)
@@ -483,6 +584,10 @@ class HttpServer:
             self._expire(time.monotonic())
             self._guarded(self._next_check)  # one waiting for its turn on the CPU
             self._guarded(self._start_pending)  # likewise
+            while self._state_wanted:
+                box, done = self._state_wanted.popleft()
+                box.append(self._describe())
+                done.set()
 
     def _guarded(self, call: Callable[..., None], *args: Any) -> None:
         try:
@@ -521,20 +626,21 @@ class HttpServer:
                 except (OSError, ValueError):
                     sock.close()
                     continue
-            conn = _Conn(sock, self._tls is not None, now, self.limits.header_timeout, client)
+            conn = _Conn(sock, self._tls is not None, now, self.limits.header_timeout, client, tuple(_addr[:2]))
             self._conns.add(conn)
             self._held_by[conn.client] = self._held_by.get(conn.client, 0) + 1
             self._interest(conn, selectors.EVENT_READ)
 
     def _evict_one(self) -> None:
         """Make room: the client holding the most connections gives one up, the one that has waited longest
-        without a complete request, else its oldest (ties between clients: the same order)."""
+        without a complete request, one that never had a response first (a flood's new connections go before
+        a scraper's kept keep-alive one), else its oldest (ties between clients: the same order)."""
         if not self._conns:
             return
         held = self._held_by
         most = max(held.values())
         crowded = [c for c in self._conns if held[c.client] == most]
-        self._close(min(crowded, key=lambda c: (not c.evictable, c.since)))
+        self._close(min(crowded, key=lambda c: (not c.evictable, c.served, c.since)))
 
     def _pause_accepting(self) -> None:
         if self._accepting:
@@ -657,6 +763,7 @@ class HttpServer:
             return
         request, size = parsed
         del conn.inbuf[:size]
+        conn.gap = now - conn.idle_since if conn.served else 0.0  # a new connection earns no turn by waiting
         conn.burst += 1
         if conn.burst > self.limits.max_pipelined:
             self._throttled.log("pipelined", logging.WARNING, "http: client %s sent more than %d requests "
@@ -713,7 +820,9 @@ class HttpServer:
             self._held.add(conn)
             return self._interest(conn, selectors.EVENT_READ)  # to notice a client that leaves meanwhile
         head = self._head(conn, response.status, response.content_type, len(response.body), response.headers)
-        conn.out.append(memoryview(head + response.body))
+        conn.out.append(memoryview(head))
+        if response.body:
+            conn.out.append(memoryview(response.body))  # not copied: a body shared by many (/incidents) stays one
         conn.deadline = time.monotonic() + self.limits.write_timeout
         conn.state = "writing"
         self._flush(conn)
@@ -722,7 +831,7 @@ class HttpServer:
         # What one turn may send to this connection: a share of SEND_PER_CLIENT by how many connections its
         # client holds, so 250 connections of one client pulling scrapes get the bandwidth of one, and a
         # turn of the loop (a /healthz waiting behind it) stays short.
-        budget = max(SEND_MIN, SEND_PER_CLIENT // self._held_by.get(conn.client, 1))
+        budget = send_share(self._held_by.get(conn.client, 1))
         while conn.out or self._refill(conn):
             if budget <= 0:
                 return self._interest(conn, selectors.EVENT_WRITE)  # the rest at its next turn
@@ -792,6 +901,7 @@ class HttpServer:
             return self._close(conn)
         now = time.monotonic()
         conn.state, conn.deadline, conn.since = "idle", now + self.limits.idle_timeout, now
+        conn.idle_since, conn.served = now, True
         conn.chunked = conn.headers_sent = conn.terminated = False
         conn.chunk = 0
         self._interest(conn, selectors.EVENT_READ)
@@ -808,9 +918,9 @@ class HttpServer:
             # Its client has its share of scrapes in progress, or requests waiting before this one: this
             # request waits its turn (_dequeue), and no other client's request waits behind it.
             conn.scrape, conn.state = scrape, "queued"
-            self._queued.setdefault(client, deque()).append(conn)
+            bisect.insort(self._queued.setdefault(client, []), conn, key=self._turn)  # after equals: in order
             return self._interest(conn, selectors.EVENT_READ)  # to notice a client that leaves while it waits
-        flight = self._flight_for(scrape.key, client)
+        flight = self._flight_for(scrape.key, conn)
         conn.flight, conn.extra_headers, conn.state = flight, scrape.headers, "waiting"
         flight.conns.add(conn)
         flight.clients.add(client)
@@ -823,20 +933,25 @@ class HttpServer:
         if flight is self._running or flight.done:
             self._advance(conn)
 
-    def _flight_for(self, key: str, client: str) -> _Flight:
+    def _turn(self, conn: _Conn) -> float:
+        """A waiting request's place among its client's: the longest idle of those idle patient_gap or more
+        first; the others (0) in the order they asked."""
+        return -conn.gap if conn.gap >= self.limits.patient_gap else 0.0
+
+    def _flight_for(self, key: str, conn: _Conn) -> _Flight:
         """The running scrape while its body is whole; else the one that just ended, kept whole, if this
-        client was not served from it (the pacing window forbids a fresher one); else the next, which all
+        connection was not served from it (the pacing window forbids a fresher one); else the next, which all
         share."""
         running = self._running
         if running is not None and running.key == key and not running.abandoned and not running.base and \
-                (not running.done or client not in running.clients):
+                (not running.done or conn.last_serial != running.serial):
             # (once a chunk was dropped a newcomer could not have the whole body: it waits for the next run;
-            # one that ended, its end not yet seen by the loop, is as the last body: a client takes it once)
+            # one that ended, its end not yet seen by the loop, is as the last body: a connection takes it once)
             if running.conns:
                 running.keep = True  # shared: more may come, so it is kept whole for them
             return running
         last = self._last
-        if last is not None and last.key == key and client not in last.clients and not last.base and \
+        if last is not None and last.key == key and conn.last_serial != last.serial and not last.base and \
                 time.monotonic() < last.reuse_until:
             return last
         flight = self._pending.get(key)
@@ -851,7 +966,7 @@ class HttpServer:
         """The client's queued requests join scrapes, oldest first, while it has fewer than its share."""
         waiting = self._queued.get(client)
         while waiting and self._scraping.get(client, 0) < self.limits.scrapes_per_client:
-            conn = waiting.popleft()
+            conn = waiting.pop(0)
             scrape, conn.scrape = conn.scrape, None
             if not waiting and self._queued.get(client) is waiting:
                 del self._queued[client]
@@ -863,6 +978,7 @@ class HttpServer:
         flight.started = time.monotonic()
         flight.keep = flight.keep or len(flight.conns) > 1  # (shared from its start)
         self.scrapes += 1
+        flight.serial = self.scrapes
         self._work.put(flight)
 
     def _drop_slowest(self) -> None:
@@ -918,6 +1034,7 @@ class HttpServer:
                 return self._respond(conn, Response(500, "text/plain; charset=utf-8", b"scrape failed\n"))
             length = sum(map(len, flight.chunks)) if flight.done else None
             conn.out.append(memoryview(self._head(conn, 200, flight.content_type, length, conn.extra_headers)))
+            conn.last_serial = flight.serial
             conn.headers_sent = True  # HTTP/1.0 and no length yet: the body ends when the connection closes
         conn.state = "writing"
         self._flush(conn)
