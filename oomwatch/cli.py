@@ -169,6 +169,25 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
     sys.exit(code)
 
 
+def _require_open_streams(reads_stdin: bool) -> None:
+    """A report with nowhere to go, or a log read from a closed standard input, is a clear error (exit 2), not a
+    traceback: `oomwatch inspect >&-`, `… --kmsg - <&-`."""
+    for stream, name, needed in ((sys.stdout, "output", True), (sys.stdin, "input", reads_stdin)):
+        if not needed:
+            continue
+        closed = stream is None or stream.closed
+        if not closed:
+            try:
+                os.fstat(stream.fileno())  # a descriptor closed under Python's stream (EBADF)
+            except (OSError, ValueError):
+                closed = True
+        if closed:
+            click.echo(f"oomwatch: standard {name} is closed: "
+                       + ("nothing can be written (redirect it to a file or a pager)" if name == "output" else
+                          "nothing to read with --kmsg - (pipe the log in, or name its file)"), err=True)
+            sys.exit(2)
+
+
 @main.command()
 @_common
 @click.argument("target", required=False, metavar="[CGROUP-OR-POD]")
@@ -219,6 +238,7 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
     from oomwatch.sources.kmsg import SAVED, kernel_log_kind
     from oomwatch.textsafe import terminal_text, visible, visible_data
 
+    _require_open_streams(kmsg == "-")
     since_ts = None
     if since is not None:
         try:
