@@ -131,25 +131,36 @@ def test_a_kill_line_forged_through_dev_kmsg_is_rejected(storm) -> None:
     assert "rejected an OOM line from syslog facility 1" in log_text and "Killed process 99999" in log_text
 
 
-def test_a_report_without_its_stats_block_shows_a_reading_from_before_the_kill_or_nothing(storm) -> None:
-    """Issue 21: the ratelimit hides most reports' stats blocks in a storm. Those incidents carry a breakdown from
-    the cgroup's memory.stat read before the kill (source and age said), or null; never a reading of after the
-    kill. A reading is of a live cgroup at most at its limit: its parts add up to no more than the limit (1%)."""
+def test_every_incident_says_what_held_the_memory_from_what_survived(storm) -> None:
+    """Issue 33: every incident the kernel log describes has a memory_breakdown with its source: the report's stats
+    block (kmsg); for the ratelimit's victims a memory.stat reading from before the kill (with its age, never after
+    it), else the kill lines of its killed processes (never ratelimited). Only a kill counted from memory.events,
+    whose every record the ring overwrote while the agent was down, has nothing left to say it: null. A reading is
+    of a live cgroup at most at its limit, and the kill lines are the killed processes' own: neither adds up to
+    more than the limit (1%)."""
     containers = set(storm["storm"]["containers"])
     limit = 24 << 20  # tests/e2e/guest/storm.py's memory.max
     mine = [e for e in storm["events"] if e.get("group_cgroup") in containers]
-    kmsg = [e for e in mine if (e.get("memory_breakdown") or {}).get("source") == "kmsg"]
-    without = [e for e in mine if e not in kmsg]
-    from_stat = [e for e in without if e.get("memory_breakdown") is not None]
-    bad = [e["memory_breakdown"] for e in from_stat if e["memory_breakdown"].get("source") != "memory.stat"
-           or e["memory_breakdown"].get("age_seconds") is None or e["memory_breakdown"]["age_seconds"] < 0]
-    assert not bad, f"breakdowns of stats-less reports not from memory.stat with an age: {bad[:3]}"
+    by_source: dict = {}
+    for e in mine:
+        by_source.setdefault((e.get("memory_breakdown") or {}).get("source"), []).append(e)
+    counted = [e for e in mine if e.get("evidence") == "memory.events"]
+    described = [e for e in mine if e.get("evidence") != "memory.events"]
+    print("storm: what held the memory, by source: "
+          + ", ".join(f"{source or 'null'} {len(es)}" for source, es in sorted(by_source.items(), key=str))
+          + f" (of {len(mine)} incidents, {len(counted)} counted from memory.events)")
+    assert all(e.get("memory_breakdown") is None for e in counted)
+    missing = [e["kernel_seq"] for e in described if not (e.get("memory_breakdown") or {}).get("source")]
+    assert not missing, f"{len(missing)} incidents with kill lines and no breakdown: {missing[:5]}"
+    from_stat = by_source.get("memory.stat", [])
+    bad = [e["memory_breakdown"] for e in from_stat if e["memory_breakdown"].get("age_seconds") is None
+           or e["memory_breakdown"]["age_seconds"] < 0]
+    assert not bad, f"memory.stat breakdowns without an age from before the kill: {bad[:3]}"
     parts = ("anon_bytes", "file_bytes", "shmem_bytes", "kernel_bytes", "sock_bytes")
-    totals = [sum(e["memory_breakdown"].get(k) or 0 for k in parts) for e in from_stat]
-    over = [t for t in totals if t > limit * 1.01]
-    ages = sorted(e["memory_breakdown"]["age_seconds"] for e in from_stat)
-    print(f"storm: {len(kmsg)} incidents with the kernel's stats, {len(without)} without: {len(from_stat)} with "
-          f"memory.stat, {len(without) - len(from_stat)} null"
-          + (f"; ages {ages[0]:.2f}-{ages[-1]:.2f} s (median {statistics.median(ages):.2f}), totals "
-             f"{min(totals) / limit:.0%}-{max(totals) / limit:.0%} of the limit" if ages else ""))
-    assert not over, f"{len(over)} breakdowns over the limit: {[t / limit for t in over][:5]}"
+    over = [e for e in from_stat if sum(e["memory_breakdown"].get(k) or 0 for k in parts) > limit * 1.01]
+    assert not over, f"{len(over)} memory.stat breakdowns over the limit"
+    for e in by_source.get("kill_lines", []):
+        killed = e["killed"]
+        assert e["memory_breakdown"]["anon_bytes"] == sum(p["anon_rss_bytes"] for p in killed)
+        assert all(h["from"] == "kill_lines" and h["killed"] for h in e["top_holders"])
+        assert e["memory_breakdown"]["anon_bytes"] <= limit * 1.01
