@@ -203,7 +203,8 @@ def _require_open_streams(reads_stdin: bool) -> None:
                    "NAMESPACE/NAME narrows the namespace), and whether each restart of its pods followed one.")
 @click.option("--incidents", "incidents_source", default=None, metavar="URL|PATH",
               help="With --job: the incidents of the agent's /incidents (http://HOST:9717) or of its events file, "
-                   "which know each pod's job. Default: the kernel log (which names Slurm jobs only).")
+                   "which know each pod's job (records of the wrong shape skipped and counted; a URL's answer "
+                   "within 30 s). Default: the kernel log (which names Slurm jobs only).")
 @click.option("--json", "as_json", is_flag=True, help="The same report as JSON.")
 @click.option("--color/--no-color", default=None, help="Colour (default: only on a terminal).")
 @click.pass_context

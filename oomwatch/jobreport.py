@@ -7,14 +7,23 @@ agent's `/incidents` or its events file (`--incidents URL|PATH`), else from the 
 jobs are named (by their cgroup). The restarts are this node's: a container's restart count from its pod log
 files and its current run's start (its cgroup's creation), as `inspect` reads them; the kills say which run
 they hit (the container id).
+
+The incidents are input from elsewhere (an HTTP server, a file), read as untrusted: a record is kept only when its
+fields have the types docs/contract.md gives them (`incident_problem`), else skipped and counted; nesting deeper
+than MAX_DEPTH is refused without recursing into it; a URL is read within an overall deadline (a server that
+trickles one byte at a time is cut off), a path only when it is a regular file.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
-import urllib.error
-import urllib.request
+import socket
+import stat
+import threading
+import time
+import urllib.parse
 from typing import Any, Callable, Optional
 
 from oomwatch.config import Config
@@ -24,6 +33,10 @@ from oomwatch.timefmt import parse_iso8601, utc_seconds
 # kills is far less).
 MAX_EVENTS_BYTES = 64 << 20
 MAX_INCIDENTS = 100_000
+# Deepest nesting of one record (an incident is 4 deep: incident, top_holders, a holder, its fields).
+MAX_DEPTH = 32
+# The whole answer of a URL, connection to last byte (each read also waits at most `timeout`).
+URL_DEADLINE = 30.0
 
 
 class IncidentsUnavailable(Exception):
@@ -37,59 +50,249 @@ def incidents_url(source: str) -> Optional[str]:
     return source if source.rstrip("/").endswith("/incidents") else source.rstrip("/") + "/incidents"
 
 
-def parse_events_lines(lines: list[str], deaths: Optional[list] = None) -> tuple[list[dict[str, Any]], int]:
+# --- what a record must hold: the fields the reports read, with their types --------------------------
+
+_NONE = type(None)
+_TEXT = (str, _NONE)
+_NUMBER = (int, float, _NONE)
+_PROCESS = {"pid": int, "comm": str, "cgroup": _TEXT, "uid": (int, _NONE)}
+_REQUIRED_OF_PROCESS = ("pid", "comm")
+_WORKLOAD = {key: _TEXT for key in ("type", "cgroup", "namespace", "pod", "container", "container_id", "pod_uid",
+                                    "unit", "slurm_job", "slurm_step", "runtime")}
+_JOB = {"kind": _TEXT, "name": _TEXT}
+_INCIDENT = {"time": _TEXT, "since_boot_seconds": _NUMBER, "kind": str, "scope": str, "explanation": str,
+             "evidence": _TEXT, "oom_cgroup": _TEXT, "group_cgroup": _TEXT, "workload": dict,
+             "victim": (dict, _NONE), "killed": list, "exiting": (list, _NONE), "died_with": (list, _NONE),
+             "memory_breakdown": (dict, _NONE), "top_holders": (list, _NONE), "pools": (list, _NONE)}
+_DEATH = {"time": _TEXT, "cause": _TEXT, "sender": _TEXT, "explanation": _TEXT, "workload": (dict, _NONE)}
+# What a record may lack, and what it then stands for (the renderer indexes these).
+_INCIDENT_DEFAULTS = {"kind": "unknown", "scope": "unknown", "explanation": "", "killed": []}
+
+
+def _depth(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether `value` nests at most `limit` containers deep (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return False
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return True
+
+
+def _wrong(record: dict[str, Any], types: dict[str, Any], where: str) -> Optional[str]:
+    for key, wanted in types.items():
+        if key in record and not isinstance(record[key], wanted):
+            return f"{where}{key} is {type(record[key]).__name__}"
+    return None
+
+
+def _processes(items: Any, where: str, fields: dict[str, Any], required: tuple[str, ...]) -> Optional[str]:
+    for item in items or ():
+        if not isinstance(item, dict):
+            return f"{where} holds a {type(item).__name__}"
+        missing = [key for key in required if key not in item]
+        if missing:
+            return f"{where} lacks {missing[0]}"
+        problem = _wrong(item, fields, f"{where}.")
+        if problem:
+            return problem
+    return None
+
+
+def _time_problem(record: dict[str, Any]) -> Optional[str]:
+    if record.get("time") is None:
+        return None
+    try:
+        parse_iso8601(record["time"])
+    except (TypeError, ValueError):
+        return "time is not an ISO 8601 UTC time"
+    return None
+
+
+def incident_problem(record: dict[str, Any]) -> Optional[str]:
+    """Why `record` cannot be an incident of the report (a field of the wrong type, nesting too deep), or None.
+    Missing fields the report reads are filled in (`_INCIDENT_DEFAULTS`); unknown fields are kept."""
+    if not _depth(record):
+        return f"nested deeper than {MAX_DEPTH}"
+    problem = _wrong(record, _INCIDENT, "") or _time_problem(record)
+    if problem:
+        return problem
+    workload = record["workload"]
+    problem = _wrong(workload, _WORKLOAD, "workload.") or next(
+        (f"workload.{key} is {type(workload[key]).__name__}" for key in ("job", "owner")
+         if workload.get(key) is not None and not isinstance(workload[key], dict)), None)
+    for key in ("job", "owner"):
+        problem = problem or (_wrong(workload[key], _JOB, f"workload.{key}.") if workload.get(key) else None)
+    problem = problem or (_wrong(record["victim"], _PROCESS, "victim.") if record.get("victim") else None)
+    problem = problem or _processes(record.get("killed"), "killed", _PROCESS, _REQUIRED_OF_PROCESS) \
+        or _processes(record.get("exiting"), "exiting", _PROCESS, _REQUIRED_OF_PROCESS) \
+        or _processes(record.get("died_with"), "died_with", {"pid": int}, ("pid",)) \
+        or _processes(record.get("top_holders"), "top_holders",
+                      {"pid": int, "comm": str, "rss_bytes": _NUMBER, "killed": (bool, _NONE), "from": _TEXT},
+                      _REQUIRED_OF_PROCESS) \
+        or _processes(record.get("pools"), "pools", {"processes": int, "comm": str, "rss_bytes": _NUMBER},
+                      ("processes", "comm"))
+    breakdown = record.get("memory_breakdown")
+    if not problem and breakdown:
+        problem = next((f"memory_breakdown.{key} is {type(value).__name__}" for key, value in breakdown.items()
+                        if not isinstance(value, (str, int, float, _NONE))), None)
+    if problem:
+        return problem
+    for key, value in _INCIDENT_DEFAULTS.items():
+        if record.get(key) is None:
+            record[key] = list(value) if isinstance(value, list) else value
+    return None
+
+
+def death_problem(record: dict[str, Any]) -> Optional[str]:
+    """Why `record` (a death's verdict line) cannot be shown, or None."""
+    if not _depth(record):
+        return f"nested deeper than {MAX_DEPTH}"
+    return _wrong(record, _DEATH, "") or _time_problem(record) or (
+        _wrong(record["workload"], _WORKLOAD, "workload.") if record.get("workload") else None)
+
+
+def _json(text: str | bytes) -> Any:
+    """json.loads, with nesting too deep for its recursion (100,000 `[`) a ValueError like any other bad JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
+
+
+def parse_events_lines(lines: list[str], deaths: Optional[list] = None,
+                       invalid: Optional[list] = None) -> tuple[list[dict[str, Any]], int]:
     """The incidents of an events file's lines (one JSON object each), and how many lines were not one (a torn
     last line, another program's output on the same stdout). A death's verdict (`"record": "death"`) is neither:
-    it goes to `deaths` when given."""
+    it goes to `deaths` when given. A record whose fields have the wrong types is not kept: why goes to `invalid`
+    (when given; else it counts as a line that was not an incident)."""
     incidents, bad = [], 0
     for line in lines:
         line = line.strip()
         if not line:
             continue
         try:
-            value = json.loads(line)
+            value = _json(line)
         except ValueError:
             bad += 1
             continue
         if isinstance(value, dict) and value.get("record") == "death":
-            if deaths is not None:
+            problem = death_problem(value)
+            if problem is None and deaths is not None:
                 deaths.append(value)
-            continue
-        if isinstance(value, dict) and "workload" in value and "time" in value:
-            incidents.append(value)
+        elif isinstance(value, dict) and "workload" in value and "time" in value:
+            problem = incident_problem(value)
+            if problem is None:
+                incidents.append(value)
         else:
             bad += 1
+            continue
+        if problem is not None:
+            if invalid is None:
+                bad += 1
+            else:
+                invalid.append(problem)
     return incidents[-MAX_INCIDENTS:], bad
 
 
-def load_incidents(source: str, timeout: float = 10.0,
-                   deaths: Optional[list] = None) -> tuple[list[dict[str, Any]], int]:
-    """The incidents of the agent's /incidents (a URL) or of an events file (a path), oldest first, and how
-    many lines of the file were not incidents; an events file's deaths' verdicts go to `deaths` when given."""
-    url = incidents_url(source)
-    if url is not None:
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                body = response.read(MAX_EVENTS_BYTES + 1)
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise IncidentsUnavailable(f"{url}: {getattr(exc, 'reason', None) or exc}") from None
-        try:
-            incidents = json.loads(body)
-        except ValueError:
-            raise IncidentsUnavailable(f"{url}: not JSON (is it the oomwatch agent's port?)") from None
-        if not isinstance(incidents, list):
-            raise IncidentsUnavailable(f"{url}: expected a JSON array of incidents")
-        return [i for i in incidents if isinstance(i, dict)], 0
+def _get_within(url: str, timeout: float, deadline: float) -> bytes:
+    """The body of GET `url`, at most MAX_EVENTS_BYTES + 1 bytes, within `deadline` seconds in all: past it the
+    connection is shut down under the reader, whatever the server still trickles."""
+    parts = urllib.parse.urlsplit(url)
+    connection_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_type(parts.hostname or "", parts.port, timeout=min(timeout, deadline))
+    expired = threading.Event()
+
+    def cut_off() -> None:
+        expired.set()
+        sock = connection.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed meanwhile
+
+    timer = threading.Timer(deadline, cut_off)
+    timer.daemon = True
+    timer.start()
     try:
-        with open(source, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_EVENTS_BYTES:
-                f.seek(size - MAX_EVENTS_BYTES)
-                f.readline()  # the first line read from the middle is a part of one
-            text = f.read(MAX_EVENTS_BYTES).decode("utf-8", "replace")
+        connection.connect()
+        if expired.is_set():
+            cut_off()
+        connection.request("GET", (parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
+                           headers={"Accept": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise IncidentsUnavailable(f"{url}: HTTP {response.status} {response.reason}")
+        body = bytearray()
+        while len(body) <= MAX_EVENTS_BYTES:
+            chunk = response.read1(min(1 << 16, MAX_EVENTS_BYTES + 1 - len(body)))
+            if not chunk:
+                break
+            body += chunk
+        if expired.is_set():
+            raise OSError("cut off")
+        return bytes(body)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        if expired.is_set():
+            raise IncidentsUnavailable(f"{url}: no complete answer within {deadline:g} s") from None
+        raise IncidentsUnavailable(f"{url}: {getattr(exc, 'strerror', None) or exc}") from None
+    finally:
+        timer.cancel()
+        connection.close()
+
+
+def _read_events_file(source: str) -> str:
+    """The last MAX_EVENTS_BYTES of the events file at `source`: a regular file only (a FIFO or device is
+    refused, never waited on)."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise IncidentsUnavailable(f"{source}: {exc.strerror or exc}") from None
-    return parse_events_lines(text.splitlines(), deaths)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise IncidentsUnavailable(f"{source}: not a regular file (an events file or an agent's URL)")
+            if info.st_size > MAX_EVENTS_BYTES:
+                f.seek(info.st_size - MAX_EVENTS_BYTES)
+                f.readline()  # the first line read from the middle is a part of one
+            return f.read(MAX_EVENTS_BYTES).decode("utf-8", "replace")
+        except OSError as exc:
+            raise IncidentsUnavailable(f"{source}: {exc.strerror or exc}") from None
+
+
+def load_incidents(source: str, timeout: float = 10.0, deaths: Optional[list] = None,
+                   invalid: Optional[list] = None,
+                   deadline: Optional[float] = None) -> tuple[list[dict[str, Any]], int]:
+    """The incidents of the agent's /incidents (a URL) or of an events file (a path), oldest first, and how
+    many lines of the file were not incidents; an events file's deaths' verdicts go to `deaths` when given, why
+    each record of the wrong shape was skipped to `invalid`. A URL's answer takes at most `deadline` seconds
+    (URL_DEADLINE)."""
+    url = incidents_url(source)
+    if url is None:
+        return parse_events_lines(_read_events_file(source).splitlines(), deaths, invalid)
+    body = _get_within(url, timeout, URL_DEADLINE if deadline is None else deadline)
+    if len(body) > MAX_EVENTS_BYTES:
+        raise IncidentsUnavailable(f"{url}: more than {MAX_EVENTS_BYTES >> 20} MiB")
+    try:
+        incidents = _json(body)
+    except ValueError as exc:
+        why = "nested too deep" if str(exc) == "nested too deep" else "not JSON"
+        raise IncidentsUnavailable(f"{url}: {why} (is it the oomwatch agent's port?)") from None
+    if not isinstance(incidents, list):
+        raise IncidentsUnavailable(f"{url}: expected a JSON array of incidents")
+    kept = []
+    for record in incidents:
+        problem = incident_problem(record) if isinstance(record, dict) and "workload" in record else \
+            f"a {type(record).__name__}, not an incident"
+        if problem is None:
+            kept.append(record)
+        elif invalid is not None:
+            invalid.append(problem)
+    return kept[-MAX_INCIDENTS:], 0
 
 
 def job_of(workload: dict[str, Any]) -> Optional[tuple[str, str]]:
@@ -193,11 +396,16 @@ def build_job_report(config: Config, job: str, source: Optional[str], *,
     unreadable = 0
     deaths: list[dict[str, Any]] = []  # the events file's deaths' verdicts (oomwatch.deaths)
     if source is not None:
-        incidents, unreadable = load_incidents(source, deaths=deaths)
+        invalid: list[str] = []
+        incidents, unreadable = load_incidents(source, deaths=deaths, invalid=invalid)
         if unreadable:
             one = unreadable == 1
             notes.append(f"{unreadable} line{'' if one else 's'} of {source} {'is' if one else 'are'} not an "
                          "incident (a torn line, or another program's output): skipped")
+        if invalid:
+            one = len(invalid) == 1
+            notes.append(f"{len(invalid)} record{'' if one else 's'} of {source} {'has' if one else 'have'} "
+                         f"fields of the wrong type: skipped (the first: {invalid[0]})")
     else:
         incidents = kernel_log_incidents()
         notes.append("read from the kernel log, which names Slurm jobs (by their cgroup) but not a "

@@ -216,9 +216,11 @@ def test_slurm_jobs_and_the_jobs_the_metric_names() -> None:
 
 
 def test_events_lines() -> None:
-    incidents, bad = parse_events_lines(['{"time": "t", "workload": {}}', '{"time": "t", "work', "",
+    t = '"2026-11-22T20:40:09.000000Z"'
+    incidents, bad = parse_events_lines([f'{{"time": {t}, "workload": {{}}}}', '{"time": "t", "work', "",
                                          "2026-11-22 agent log line", '{"other": 1}',
-                                         '{"record": "death", "time": "t", "workload": {}, "cause": "userspace"}'])
+                                         f'{{"record": "death", "time": {t}, "workload": {{}}, '
+                                         '"cause": "userspace"}'])
     assert len(incidents) == 1 and bad == 3  # a death's verdict is not an incident, nor a bad line
 
 
@@ -260,3 +262,160 @@ def test_the_jobs_deaths_from_the_events_file_are_shown_and_are_not_kills(jobset
         "memory.events.")
     report = json.loads(inspect_job(node, "--job", "train", "--incidents", str(path), "--json").output)
     assert [d["cause"] for d in report["deaths"]] == ["userspace"] and report["kills"] == 2
+
+
+# --- hostile input (issue 31, finding 9) ---------------------------------------------------------------------
+
+WRONG_TYPES = [
+    {"workload": "ml/train-0"},  # a string where an object belongs
+    {"killed": {"pid": 1}},
+    {"killed": [{"pid": "1", "comm": "dd"}]},
+    {"killed": [{"pid": 1}]},  # no comm
+    {"time": 42},
+    {"time": "yesterday"},
+    {"victim": ["dd"]},
+    {"kind": ["group"]},
+    {"explanation": {"text": "x"}},
+    {"top_holders": [{"pid": 1, "comm": "dd", "rss_bytes": "a lot"}]},
+    {"memory_breakdown": {"anon_bytes": [1]}},
+    {"pools": [7]},
+    {"deep": json.loads("[" * 40 + "]" * 40)},  # deeper than any incident, within json's own recursion
+]
+
+
+def hostile_records(incidents: list[dict[str, Any]]) -> list[Any]:
+    """`incidents`, and after them each wrong type put into a copy of the job's kill."""
+    records: list[Any] = list(incidents)
+    for change in WRONG_TYPES:
+        bad = copy.deepcopy(incidents[-1])
+        if "workload" in change and isinstance(change["workload"], str):
+            bad["workload"] = change["workload"]
+        else:
+            bad.update(change)
+        records.append(bad)
+    job_changes = [{"job": "train"}, {"owner": ["Job", "train"]}, {"namespace": 7}]
+    for change in job_changes:
+        bad = copy.deepcopy(incidents[-1])
+        bad["workload"].update(change)
+        records.append(bad)
+    return records
+
+
+def test_records_of_the_wrong_types_are_skipped_and_counted(jobset_node, tmp_path: Path) -> None:
+    node, incidents = jobset_node
+    path = events_file(tmp_path, hostile_records(incidents))
+    with path.open("a") as f:
+        f.write(json.dumps({"record": "death", "time": 7, "workload": "x", "cause": "userspace"}) + "\n")
+        f.write(json.dumps({"record": "death", "time": "2026-11-22T20:40:09.000000Z", "workload": {"pod": []}})
+                + "\n")
+    for output in ("--no-color", "--json"):
+        result = inspect_job(node, "--job", "train", "--incidents", str(path), output)
+        assert result.exit_code == 0, result.output
+        text = result.output if output == "--no-color" else " ".join(json.loads(result.output)["notes"])
+        flat = " ".join(text.split())
+        skipped = len(WRONG_TYPES) + 3 + 2
+        assert f"{skipped} records of {path} have fields of the wrong type: skipped (the first: workload is str)" \
+            in flat, flat
+    report = json.loads(inspect_job(node, "--job", "train", "--incidents", str(path), "--json").output)
+    assert report["kills"] == 2 and report["in_source"] == 3  # the good ones, as without the bad
+
+
+def test_the_agents_answer_of_the_wrong_types_is_skipped_and_counted(jobset_node) -> None:
+    node, incidents = jobset_node
+    with agent_answering(json.dumps(hostile_records(incidents) + [7, "x", None]).encode()) as url:
+        result = inspect_job(node, "--job", "train", "--incidents", url, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["kills"] == 2 and report["in_source"] == 3
+    assert any(f"{len(WRONG_TYPES) + 3 + 3} records of" in note for note in report["notes"]), report["notes"]
+
+
+def test_json_nested_100000_deep_is_refused_cleanly(jobset_node, tmp_path: Path) -> None:
+    node, incidents = jobset_node
+    deep = "[" * 100_000 + "]" * 100_000
+    path = tmp_path / "deep.jsonl"
+    path.write_text(deep + "\n" + "".join(json.dumps(i) + "\n" for i in incidents))
+    result = inspect_job(node, "--job", "train", "--incidents", str(path), "--no-color")
+    assert result.exit_code == 0, result.output
+    assert f"1 line of {path} is not an incident" in " ".join(result.output.split())
+    with agent_answering(deep.encode()) as url:
+        result = inspect_job(node, "--job", "train", "--incidents", url)
+    assert result.exit_code == 1
+    assert f"cannot read the incidents: {url}/incidents: nested too deep" in result.output
+
+
+def test_a_server_that_trickles_is_cut_off_at_the_deadline(jobset_node, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One byte at a time, each well within the per-read timeout: only an overall deadline ends it."""
+    import time
+
+    from oomwatch import jobreport
+
+    monkeypatch.setattr(jobreport, "URL_DEADLINE", 1.0)
+    node, _ = jobset_node
+    for headers_too in (False, True):
+        with agent_answering(b"[" * 100, trickle=0.2, headers_too=headers_too) as url:
+            started = time.monotonic()
+            result = inspect_job(node, "--job", "train", "--incidents", url)
+            took = time.monotonic() - started
+        assert result.exit_code == 1, result.output
+        assert f"{url}/incidents: no complete answer within 1 s" in result.output
+        assert took < 3.0
+
+
+def test_a_fifo_is_not_an_events_file(jobset_node, tmp_path: Path) -> None:
+    node, _ = jobset_node
+    fifo = tmp_path / "events.fifo"
+    os.mkfifo(fifo)
+    # (a reader that opened it would wait for a writer: this one comes after 5 s, to end such a wait)
+    writer = threading.Timer(5.0, lambda: os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)))
+    writer.start()
+    try:
+        result = inspect_job(node, "--job", "train", "--incidents", str(fifo))
+    finally:
+        writer.cancel()
+    assert result.exit_code == 1
+    assert f"cannot read the incidents: {fifo}: not a regular file" in result.output
+
+
+class agent_answering:
+    """An HTTP server on the loopback answering every GET with `body` (JSON): at once, or `trickle`-d one byte
+    at a time (`headers_too`: its status line and headers as well), for at most 8 s."""
+
+    def __init__(self, body: bytes, trickle: float = 0.0, headers_too: bool = False) -> None:
+        import socketserver
+
+        self.stop = threading.Event()
+        stop = self.stop
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                self.request.recv(65536)
+                head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body))
+                if not trickle:
+                    self.request.sendall(head + body)
+                    return
+                if not headers_too:
+                    self.request.sendall(head)
+                deadline = threading.Event()
+                threading.Timer(8.0, deadline.set).start()
+                for byte in ((head if headers_too else b"") + body):
+                    if stop.is_set() or deadline.is_set():
+                        return
+                    try:
+                        self.request.sendall(bytes([byte]))
+                    except OSError:
+                        return
+                    stop.wait(trickle)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+
+    def __enter__(self) -> str:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
