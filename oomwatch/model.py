@@ -76,6 +76,7 @@ class OomSummary(NamedTuple):
     comm: Optional[str]
     pid: Optional[int]
     uid: Optional[int]
+    cut: bool = False  # the line was cut short (a paste): the fields after the last whole one are None
 
 
 class OomKilled(NamedTuple):

@@ -171,17 +171,25 @@ def test_a_date_without_a_year_is_guessed_and_said() -> None:
     (leap,) = texts(b"Feb 29 10:00:00 h kernel: b\n", year=None, now=later)
     assert leap.wall_time == dt.datetime(2024, 2, 29, 10, tzinfo=UTC).timestamp(), "the last year it existed"
     stats = TextLogStats()
-    assert texts(b"Feb 29 10:00:00 h kernel: b\n", year=2025, stats=stats) == []
-    assert stats.garbled == 1 and stats.first_garbled.startswith("Feb 29"), "the year was given: no guessing"
+    (unknown,) = texts(b"Feb 29 10:00:00 h kernel: b\n", year=2025, stats=stats)
+    assert unknown.text == "b" and unknown.wall_time is None, "the year was given: no guessing"
+    assert stats.unknown_dates == 1 and stats.first_unknown_date.startswith("Feb 29") and stats.garbled == 0
 
 
 @pytest.mark.parametrize("line", [
     b"[Mon Feb 30 10:00:00 2023] x", b"[Mon Jan 01 25:61:00 2023] x", b"Foo 12 10:00:00 h kernel: x",
     b"2023-13-45T10:00:00+0000 h kernel: x", b"2023-01-01T10:00:00+9999 h kernel: x",
-    b"<3>1 2023-02-30T10:00:00Z h kernel - - - x", b'{"_TRANSPORT":"kernel","MESSAGE":1}', b"{not json",
-    b"[" * 5000 + b"]" * 5000,
+    b"<3>1 2023-02-30T10:00:00Z h kernel - - - x",
 ])
-def test_invalid_dates_and_broken_wrappers_are_counted_not_raised(line) -> None:
+def test_a_date_that_cannot_be_read_leaves_the_record_in_with_an_unknown_time(line) -> None:
+    stats = TextLogStats()
+    (record,) = texts(line + b"\n", stats=stats)
+    assert record.text == "x" and record.wall_time is None and record.usec is None
+    assert stats.unknown_dates == 1 and stats.first_unknown_date == line.decode() and stats.garbled == 0
+
+
+@pytest.mark.parametrize("line", [b'{"_TRANSPORT":"kernel","MESSAGE":1}', b"{not json", b"[" * 5000 + b"]" * 5000])
+def test_broken_wrappers_are_counted_not_raised(line) -> None:
     stats = TextLogStats()
     records = texts(line + b"\n", stats=stats)
     assert stats.garbled + stats.bare == 1 and stats.lines == 1
@@ -213,14 +221,14 @@ def test_journalctls_nothing_to_show_is_noted(notice) -> None:
     assert stats.notice == notice.decode()
 
 
-def test_journal_multiline_record_continuation_is_not_a_record() -> None:
+def test_journal_multiline_record_continuation_is_joined_into_its_record() -> None:
     stats = TextLogStats()
-    records = texts(b"Aug 22 16:10:45 node kernel: Memory cgroup stats for /a:\n"
-                    b"                                   anon 66777088\n"
-                    b"                                   file 0\n"
+    records = texts(b"Aug 22 16:10:45 node kernel: anon 66777088\n"
+                    b"                             file 0\n"
+                    b"                              active_file:4\n"  # the kernel's own leading space: kept
                     b"Aug 22 16:10:45 node kernel: b\n", stats=stats)
-    assert [r.text for r in records] == ["Memory cgroup stats for /a:", "b"]
-    assert stats.continuation == 2
+    assert [r.text for r in records] == ["anon 66777088\nfile 0\n active_file:4", "b"]
+    assert stats.continuation == 2 and stats.records == 2
 
 
 def test_json_message_as_bytes_and_other_fields() -> None:

@@ -228,7 +228,8 @@ def test_task_rows_6_12_split_rss():
 
 
 def test_task_row_shape_from_the_header_not_the_numbers():
-    """A 6.12 row read by a 6.1 header has three numbers too many: not a row, not a guess."""
+    """A 6.12 row read by a 6.1 header has three numbers too many: its "name" is longer than any comm (15
+    bytes), so it is not a row, not a guess."""
     row = "[    175]     0   175     8963     7015     6430      585         0   114688        0        0 w"
     assert parse_task_row(row, parse_task_table_header(HEADER_6_1)) is None
     assert parse_task_row(row, parse_task_table_header(HEADER_6_12)).rss_anon_pages == 6430
@@ -501,3 +502,60 @@ def test_part_report_equals_the_slow_read_of_mutated_parts(seed):
             assert part_report(mutated, keys) == read_slowly(mutated, keys), mutated
         fast += parse_kernel_shaped_part(mutated, LEAN) is not None
     assert fast >= 30  # (a changed digit leaves a part the fast path still reads, unless its shape changed too)
+
+
+# --- issue 31 item 8: the name is the rest of the row; issue 33: old layouts, tables and blocks without headers
+
+@pytest.mark.parametrize("name", ["1 hog", "2024 job", "-1 x", "9 9 9", "a  b"])
+def test_a_comm_that_starts_with_digits_and_a_space_keeps_its_row(name):
+    """A task row is read by its header's count of columns: a process that names itself `1 hog` is still the
+    top holder, not dropped (before: the row was taken for another table's shape and the verdict blamed the
+    next process)."""
+    header = parse_task_table_header(HEADER_6_1)
+    row = f"[    118]     0   118    54933    16454   200704        0             0 {name}"
+    parsed = parse_task_row(row, header)
+    assert parsed is not None and parsed.name == name and parsed.rss_pages == 16454
+    report = first_report(["Tasks state (memory values in pages):", HEADER_6_1, row,
+                           "[    117]     0   117      623      142    49152        0             0 sleep"])
+    assert [r.name for r in report.tasks] == [name, "sleep"]
+    part = "\n".join(["Memory cgroup stats for /a:", "anon 1\\x0afile 2", "Tasks state (memory values in pages):",
+                      HEADER_6_1, row]).encode()
+    assert parse_kernel_shaped_part(part).tasks[0].name == name, "the live reader's fast path reads it too"
+
+
+# A 4.x table (nr_ptes and nr_pmds, 4.8 to 4.14), as in fixtures/corpus and public reports of those kernels.
+HEADER_4_X = "[ pid ]   uid  tgid total_vm      rss nr_ptes nr_pmds swapents oom_score_adj name"
+
+
+def test_a_4x_table_with_nr_pmds_keeps_its_rows():
+    header = parse_task_table_header(HEADER_4_X)
+    assert header is not None and "nr_pmds" in header.columns
+    row = parse_task_row("[ 2712]  1000  2712   996245   515434    1389       7        0             0 java", header)
+    assert (row.name, row.rss_pages, row.nr_ptes, row.swapents_pages) == ("java", 515434, 1389, 0)
+
+
+@pytest.mark.parametrize("row,columns,rss,name", [
+    ("[    118]     0   118    54933    16454   200704        0             0 python3", 7, 16454, "python3"),
+    ("[28438]     0 28438  5063909   119961    1661   136409          -998 java", 7, 119961, "java"),
+    ("[ 2712]  1000  2712   996245   515434    1389       7        0             0 java", 8, 515434, "java"),
+    ("[    175]     0   175     8963     7015     6430      585         0   114688        0        0 w", 10, 7015,
+     "w"),
+])
+def test_a_task_table_pasted_without_its_header_is_read_by_the_kernels_layouts(row, columns, rss, name):
+    report = first_report([row, row.replace("]", "1]", 1)])
+    assert report is not None and len(report.task_header.columns) == columns + 1
+    assert [(t.rss_pages, t.name) for t in report.tasks] == [(rss, name)] * 2
+    if columns == 7:  # 3.10's nr_ptes or 4.15+'s pgtables_bytes: page-table bytes are whole pages
+        assert ("pgtables_bytes" in report.task_header.columns) == row.startswith("[    118]")
+
+
+def test_a_stats_block_pasted_without_its_header_is_read():
+    report = first_report(["anon 66777088\nfile 4096\nkernel 331776\nshmem 0", "Tasks state (memory values in pages):",
+                           HEADER_6_1, "[    118]     0   118    54933    16454   200704        0             0 python3"])
+    assert report.cgroup is None and report.stats.values["file"] == 4096 and report.tasks[0].name == "python3"
+
+
+def test_a_stats_header_joined_with_its_block_is_split():
+    """A log that printed the `Memory cgroup stats for` line and its block as one multi-line record."""
+    report = first_report(["Memory cgroup stats for /a:\nanon 1\nfile 2\nshmem 3"])
+    assert report.cgroup == "/a" and report.stats.values == {"anon": 1, "file": 2, "shmem": 3}

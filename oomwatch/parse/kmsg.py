@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional
 
 from oomwatch.model import KmsgRecord
+from oomwatch.parse.prefilter import OOM_LINE_START as _OOM_LINE_START
+from oomwatch.parse.textshapes import CUT_MARKERS, LINE_DECORATIONS, local_date, month_number
 
 _ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 
@@ -105,7 +107,9 @@ _DEFAULT_PRIORITY = 6
 # journalctl's own words when it has nothing to print: the input holds no log at all.
 JOURNAL_NOTICES = ("No journal files were found.", "-- No entries --")
 
-_BSD = r"(?P<mon>[A-Z][a-z]{2}) {1,2}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)(?:\.(?P<bfrac>\d{1,9}))?"
+# journalctl's `%b %d`: the month as the locale writes it (`Nov`, `nov.`, `ноя`, `11月`; textshapes.MONTHS)
+_BSD = (r"(?P<mon>[^\W\d_]{2,12}\.?|\d{1,2}[月월]) {1,2}(?P<day>\d{1,2}) (?P<hms>\d\d:\d\d:\d\d)"
+        r"(?:\.(?P<bfrac>\d{1,9}))?")
 _ISO = (r"(?P<iso>(?P<idate>\d{4}-\d\d-\d\d)[T ](?P<itime>\d\d:\d\d:\d\d)(?:[.,](?P<ifrac>\d{1,9}))?"
         r"(?P<izone>Z|[+-]\d\d:?\d\d)?)")
 _FULL = (r"[A-Z][a-z]{2} (?P<fdate>\d{4}-\d\d-\d\d) (?P<ftime>\d\d:\d\d:\d\d)(?:\.(?P<ffrac>\d{1,9}))? "
@@ -134,25 +138,10 @@ _DMESG = re.compile(
     r"\[(?P<human>(?P<hwd>[A-Z][a-z]{2}) (?P<hmon>[A-Z][a-z]{2}) {1,2}(?P<hday>\d{1,2}) "
     r"(?P<hhms>\d\d:\d\d:\d\d) (?P<hyear>\d{4}))\])?"
     r"(?: ?\[ *(?P<caller>[TC]\d{1,10})\])? ?(?P<text>.*)$", re.S)
-# `dmesg -T` in another language: `[dim. 19 avril 18:03:30 2026]`, `[So Apr 19 18:03:30 2026]`; the weekday
-# is ignored, the month looked up in _LOCAL_MONTHS (an unknown one leaves the time unknown, the line read).
-_WORD = r"[^\W\d_]{2,12}\.?"
-_DMESG_LOCAL = re.compile(rf"^\[{_WORD} (?:(?P<mon1>{_WORD}) {{1,2}}(?P<day1>\d{{1,2}})|(?P<day2>\d{{1,2}})\.? (?P<mon2>{_WORD})) "
-                          r"(?P<hms>\d\d:\d\d:\d\d) (?P<year>\d{4})\] ?(?P<text>.*)$", re.S)
-_LOCAL_MONTHS = {name: i for i, names in enumerate((
-    "jan janv janvier januar jän jänner ene enero gen gennaio janeiro januari sty",
-    "feb févr fevr février februar febr febrero febbraio fev fevereiro februari lut",
-    "mar mars märz mär mrz marzo mrt maart março marco maa",
-    "apr avr avril april abr abril aprile kwi",
-    "may mai mayo mag maggio mei maj",
-    "jun juin juni junio giu giugno junho cze",
-    "jul juil juillet juli julio lug luglio julho lip",
-    "aug août aout august ago agosto augustus sie",
-    "sep sept septembre september septiembre set settembre setembro wrz",
-    "oct okt octobre oktober octubre ott ottobre out outubro paź",
-    "nov novembre november noviembre novembro lis",
-    "dec déc décembre dez dezember dic diciembre dicembre dezembro december gru"), start=1)
-    for name in names.split()}
+# `dmesg -T` in another language (`[dim. 19 avril 18:03:30 2026]`, `[金 11月 27 23:55:06 2026]`,
+# `[11月27日(金) 23:55:06 2026]`, `[11월 27일 (금) 23:55:06]`): read by textshapes.local_date; a month it does
+# not know leaves the time unknown, the line read.
+_DMESG_LOCAL = re.compile(r"^\[(?P<date>[^\]\[]{6,64})\] ?(?P<text>.*)$", re.S)
 _DMESG_ISO = re.compile(rf"^{_ISO} (?P<text>.*)$", re.S)  # dmesg --time-format iso
 _ISO_ONLY = re.compile(rf"^{_ISO}$")
 _RAW = re.compile(r"^\d{1,20},\d{1,20},\d{1,20},[^;]{0,256};")
@@ -195,6 +184,12 @@ class TextLogStats:
     guessed_years: set[int] = field(default_factory=set)  # years guessed for dates printed without one
     notice: Optional[str] = None  # journalctl saying it had nothing ("No journal files were found.")
     decoded: list[str] = field(default_factory=list)  # what was undone before reading: "gzip", "UTF-16LE", "NUL"
+    # Records kept with an unknown time: their date could not be read (a month name of a locale not known)
+    unknown_dates: int = 0
+    first_unknown_date: Optional[str] = None
+    # Kernel lines a tool cut short (a cut marker such as `…` at their end): their whole fields are read
+    cut_records: int = 0
+    decorations: dict[str, int] = field(default_factory=dict)  # lines per decoration removed (textshapes)
 
     def count(self, fmt: str) -> None:
         self.records += 1
@@ -204,6 +199,11 @@ class TextLogStats:
         self.garbled += 1
         if self.first_garbled is None:
             self.first_garbled = line[:200]
+
+    def date_unread(self, line: str) -> None:
+        self.unknown_dates += 1
+        if self.first_unknown_date is None:
+            self.first_unknown_date = line[:200]
 
     @property
     def bare(self) -> int:
@@ -275,19 +275,20 @@ def _usec(secs: str, frac: str) -> int:
 
 
 def _stamp(m: re.Match, clock: _Clock, stats: TextLogStats) -> tuple[str, Optional[float], Optional[int], bool]:
-    """(format name, wall time, monotonic usec, ok) of the outer wrapper's time stamp."""
+    """(format name, wall time, monotonic usec, ok) of the outer wrapper's time stamp. A date that cannot be
+    read (a month of a locale not known, 31 Feb) gives no wall time: the record is kept, its time unknown."""
     if m.group("mon"):
-        mon = _MONTHS.get(m.group("mon"))
+        mon = _MONTHS.get(m.group("mon")) or month_number(m.group("mon"))
         wall = None if mon is None else clock.epoch_without_year(mon, int(m.group("day")), m.group("hms"),
                                                                   m.group("bfrac"), stats)
         name = "short-precise" if m.group("bfrac") else "short"
-        return name, wall, None, wall is not None
+        return name, wall, None, True
     if m.group("iso"):
         wall = _iso_epoch(m, clock)
-        return ("short-iso-precise" if m.group("ifrac") else "short-iso"), wall, None, wall is not None
+        return ("short-iso-precise" if m.group("ifrac") else "short-iso"), wall, None, True
     if m.group("fdate"):
         wall = _iso_epoch(m, clock, prefix="f")
-        return "short-full", wall, None, wall is not None
+        return "short-full", wall, None, True
     if m.group("unix"):
         secs, _, frac = m.group("unix").partition(".")
         return "short-unix", int(secs) + int(frac) / 10 ** len(frac), None, True
@@ -295,8 +296,10 @@ def _stamp(m: re.Match, clock: _Clock, stats: TextLogStats) -> tuple[str, Option
     return "short-monotonic", None, _usec(secs, frac), True
 
 
-def _inner(text: str, clock: _Clock) -> tuple[str, int, Optional[int], Optional[float], str, bool]:
-    """The dmesg layer of one line: (format, priority, usec, wall time, text, ok)."""
+def _inner(text: str, clock: _Clock, stats: TextLogStats
+           ) -> tuple[str, int, Optional[int], Optional[float], str, bool]:
+    """The dmesg layer of one line: (format, priority, usec, wall time, text, ok). A date that cannot be read
+    leaves the time unknown (counted in `stats`), the line read."""
     m = _DMESG.match(text)
     assert m is not None  # every part is optional
     pri, lvl, secs, human = m.group("pri"), m.group("lvl"), m.group("secs"), m.group("human")
@@ -312,18 +315,23 @@ def _inner(text: str, clock: _Clock) -> tuple[str, int, Optional[int], Optional[
     if secs is not None:
         usec = _usec(secs, m.group("frac"))
     elif human is not None:
-        mon = _MONTHS.get(m.group("hmon"))
+        mon = _MONTHS.get(m.group("hmon")) or month_number(m.group("hmon"))
         wall = None if mon is None else clock.epoch(int(m.group("hyear")), mon, int(m.group("hday")),
                                                     m.group("hhms"), None)
         if wall is None:
-            return "dmesg -T", priority, None, None, m.group("text"), False
+            stats.date_unread(text)
         fmt = "dmesg -T"
     elif pri is None and lvl is None and m.group("caller") is None:
         local = _DMESG_LOCAL.match(text) if text.startswith("[") else None
-        if local is not None:
-            mon = _LOCAL_MONTHS.get((local.group("mon1") or local.group("mon2")).rstrip(".").lower())
-            day = int(local.group("day1") or local.group("day2"))
-            wall = None if mon is None else clock.epoch(int(local.group("year")), mon, day, local.group("hms"), None)
+        date = local_date(local.group("date")) if local is not None else None
+        if date is not None:
+            wall = None
+            if date.month is not None and date.year is not None:
+                wall = clock.epoch(date.year, date.month, date.day, date.hms, None)
+            elif date.month is not None:  # Korean `dmesg -T` prints no year
+                wall = clock.epoch_without_year(date.month, date.day, date.hms, None, stats)
+            if wall is None:
+                stats.date_unread(text)
             return "dmesg -T", priority, None, wall, local.group("text"), True
         return "bare", priority, None, None, text, True
     return fmt, priority, usec, wall, m.group("text"), True
@@ -372,11 +380,13 @@ def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str,
         if m5:
             if m5.group("app") != "kernel":
                 return "other", None
-            fmt, priority, usec, wall_inner, text, ok = _inner(m5.group("rest").lstrip("\ufeff"), clock)
+            fmt, priority, usec, wall_inner, text, ok = _inner(m5.group("rest").lstrip("\ufeff"), clock, stats)
             ts = _ISO_ONLY.match(m5.group("ts"))
             wall = _iso_epoch(ts, clock) if ts else None
-            if not ok or (ts is None and m5.group("ts") != "-") or (ts is not None and wall is None):
+            if not ok or (ts is None and m5.group("ts") != "-"):
                 return "garbled", None
+            if ts is not None and wall is None:
+                stats.date_unread(line)
             return "syslog rfc5424", KmsgRecord(priority=int(m5.group("pri")) & 7 if fmt in ("dmesg", "bare")
                                                 else priority, seq=None, usec=usec, text=text,
                                                 wall_time=wall if wall is not None else wall_inner)
@@ -385,7 +395,9 @@ def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str,
         fmt, wall, usec, ok = _stamp(m, clock, stats)
         if not ok:
             return "garbled", None
-        inner_fmt, priority, inner_usec, inner_wall, text, ok = _inner(m.group("rest"), clock)
+        if wall is None and usec is None:
+            stats.date_unread(line)
+        inner_fmt, priority, inner_usec, inner_wall, text, ok = _inner(m.group("rest"), clock, stats)
         if not ok:
             return "garbled", None
         spri = m.group("spri")
@@ -404,10 +416,10 @@ def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str,
     if m and m.group("ifrac") is not None and "," in m.group("iso"):
         wall = _iso_epoch(m, clock)
         if wall is None:
-            return "garbled", None
+            stats.date_unread(line)
         return "dmesg iso", KmsgRecord(priority=_DEFAULT_PRIORITY, seq=None, usec=None, text=m.group("text"),
                                        wall_time=wall)
-    fmt, priority, usec, wall, text, ok = _inner(line, clock)
+    fmt, priority, usec, wall, text, ok = _inner(line, clock, stats)
     if not ok:
         return "garbled", None
     return fmt, KmsgRecord(priority=priority, seq=None, usec=usec, text=text, wall_time=wall)
@@ -613,18 +625,105 @@ def _bounded_lines(lines: Iterable[bytes], stats: TextLogStats) -> Iterator[byte
 
 def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Optional[_dt.tzinfo] = None,
                    now: Optional[float] = None, stats: Optional[TextLogStats] = None) -> Iterator[KmsgRecord]:
-    """Records from a saved log in any of the wrappers above; formats may be mixed line by line.
+    """Records from a saved log in any of the wrappers above; formats may be mixed line by line: the text front
+    end, through which every saved log goes before any OOM parser sees it.
+
+    The later lines of a multi-line record (6.1's `Memory cgroup stats` block and `Mem-Info:` counters), which
+    dmesg, journalctl and syslog print indented under the first, are joined back into the one record the kernel
+    wrote. The decorations of oomwatch.parse.textshapes (quotes, line numbers, kubectl event rows) are removed
+    first, and a cut marker at a kernel line's end (`…`) is removed and counted.
 
     `tz`: the zone of dates printed without one (default: this machine's, as journalctl and `dmesg -T` print
     them); `year`: for dates printed without a year (default: guessed, and recorded in `stats`); `stats`
-    collects what was and was not understood. `#EPIPE` markers (written by our capture scripts where records
-    were lost) come out as a record with priority LOST_MARKER, raw records whose prefix is broken as GARBLED.
-    Lines of other programs and journalctl's own notices are skipped (and counted)."""
+    collects what was and was not understood. A date that cannot be read leaves its record in with no time
+    (`stats.unknown_dates`). `#EPIPE` markers (written by our capture scripts where records were lost) come out
+    as a record with priority LOST_MARKER, raw records whose prefix is broken as GARBLED. Lines of other
+    programs and journalctl's own notices are skipped (and counted)."""
     stats = stats if stats is not None else TextLogStats()
+    held: Optional[KmsgRecord] = None  # the last prefixed record: its continuation lines may follow
+    held_indent = held_column = 0
+    skipping: Optional[int] = None  # the indentation of the last line of another program (its continuations)
+    for record, kind, indent, column, rest in _line_records(lines, year, tz, now, stats):
+        if kind == _BARE and indent:
+            if held is not None and indent > held_indent:
+                # A further line of the held record (dmesg indents it to the text's column, journalctl by its
+                # prefix's width; a paste may have squeezed the spaces): joined back as the kernel wrote it.
+                if len(held.text) < MAX_LINE:
+                    more = rest[held_column:] if indent >= held_column else rest[indent:]
+                    held = held._replace(text=held.text + "\n" + more.decode("utf-8", "backslashreplace").rstrip())
+                stats.continuation += 1
+                continue
+            if skipping is not None and indent > skipping:
+                stats.continuation += 1  # a further line of another program's message
+                continue
+        if held is not None:
+            yield _uncut(held, stats)
+            held = None
+        skipping = None
+        if kind == _OTHER:
+            skipping = indent
+        elif kind == _PREFIXED:
+            held, held_indent, held_column = record, indent, column
+        else:
+            if kind == _BARE:
+                stats.count("bare")
+            yield _uncut(record, stats)
+    if held is not None:
+        yield _uncut(held, stats)
+
+
+# What _line_records says each line is: a record with a prefix (dmesg, journal, syslog: its continuation lines
+# may follow), a record of bare kernel text, a record of another kind (raw kmsg, JSON), another program's line.
+_PREFIXED, _BARE, _OTHER_RECORD, _OTHER = 0, 1, 2, 3
+# The starts of a kernel log line (a decoration's number is removed before one even where numbers do not run on)
+_LOG_LINE_START = re.compile(rb"[ \t]{0,64}(?:\[ *\d|\[[^\W\d_]|<\d|\d{1,20},\d{1,20},|[^\W\d_]{2,12}\.? [ \d]\d |"
+                             rb"\d{4}-\d\d-\d\d|\d{1,2}[\xe6\xec]|" + _OOM_LINE_START + rb"|\S{1,64} invoked oom-killer)")
+
+
+def _undecorated(line: bytes, last_number: Optional[int], stats: TextLogStats) -> tuple[bytes, Optional[int]]:
+    """The line without the decorations of textshapes.LINE_DECORATIONS (each at most once, in the table's
+    order), and the line number it carried (None if none)."""
+    number = None
+    for decoration in LINE_DECORATIONS:
+        m = decoration.pattern.match(line)
+        if m is None:
+            continue
+        if decoration.numbered:
+            n = int(m[1])
+            rest = line[m.end():]
+            if not ((last_number is not None and n == last_number + 1) or _LOG_LINE_START.match(rest)):
+                continue
+            number = n
+        line = line[m.end():]
+        stats.decorations[decoration.name] = stats.decorations.get(decoration.name, 0) + 1
+    return line, number
+
+
+def _uncut(record: KmsgRecord, stats: TextLogStats) -> KmsgRecord:
+    """A kernel OOM line a tool cut short and marked so (`…`, `[truncated]`): the marker removed (the OOM parser
+    reads its whole fields), counted in `stats.cut_records`."""
+    text = record.text
+    if text[-1:] not in _CUT_ENDS or not _OOM_LINE_START_TEXT.match(text):
+        return record
+    m = CUT_MARKERS.search(text)
+    if m is None:
+        return record
+    stats.cut_records += 1
+    return record._replace(text=text[:m.start()])
+
+
+_CUT_ENDS = frozenset(".…])>")
+_OOM_LINE_START_TEXT = re.compile(_OOM_LINE_START.decode() + r"|\S{1,64} invoked oom-killer")
+
+
+def _line_records(lines: Iterable[bytes], year: Optional[int], tz: Optional[_dt.tzinfo], now: Optional[float],
+                  stats: TextLogStats) -> Iterator[tuple[Optional[KmsgRecord], int, int, int, bytes]]:
+    """(record, what it is: _PREFIXED…, its line's indentation, the column its text starts at, the line
+    without decorations) for each line that is a record or another program's line."""
     clock = _Clock(tz=tz, year=year, now=now if now is not None else _dt.datetime.now().timestamp())
     pending: Optional[bytearray] = None
-    prefixed_indent: Optional[int] = None  # indentation of the last line that had a prefix
     entry: Optional[dict[bytes, bytes]] = None  # the `journalctl -o verbose` entry being read
+    last_number: Optional[int] = None  # the line number the last line carried (textshapes.LINE_DECORATIONS)
     for raw_line in _bounded_lines(lines, stats):
         if _NUL in raw_line:  # a NUL ending each line would hide every line's prefix
             raw_line = raw_line.replace(b"\x00", b"")
@@ -636,15 +735,14 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
                 if len(pending) < MAX_LINE:
                     pending += b"\n" + line_bytes
                 continue
-            yield _raw_or_garbled(bytes(pending), stats)
+            yield _raw_or_garbled(bytes(pending), stats), _OTHER_RECORD, 0, 0, b""
             pending = None
-        body = line_bytes.lstrip(b" \t\x00")
-        while body.startswith(b">"):  # quoted in a mail or a Markdown comment: `> kernel: …`
-            body = body[1:].lstrip(b" \t")
+        rest, last_number = _undecorated(line_bytes, last_number, stats)
+        body = rest.lstrip(b" \t\x00")
         if not body.strip():
             continue
         stats.lines += 1
-        indent = len(line_bytes) - len(body)
+        indent = len(rest) - len(body)
         if body[:1] not in b"[<{#":
             grep = _GREP_PREFIX.match(body)
             if grep is not None:
@@ -658,7 +756,7 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
             record = _verbose_record(entry, stats)
             entry = None
             if record is not None:
-                yield record
+                yield record, _OTHER_RECORD, 0, 0, b""
         if b" [s=" in body:
             head = _VERBOSE_HEAD.match(body)
             if head is not None:
@@ -666,21 +764,20 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
                 continue
         if body.startswith(b"#"):
             if body.startswith(b"#EPIPE"):
-                yield KmsgRecord(priority=LOST_MARKER, seq=None, usec=None, text="#EPIPE")
+                yield KmsgRecord(priority=LOST_MARKER, seq=None, usec=None, text="#EPIPE"), _OTHER_RECORD, 0, 0, b""
             else:
                 stats.comments += 1  # a comment, or a root shell prompt pasted with its output (`# dmesg`)
             continue
         if body[:1].isdigit() and _RAW.match(body[:300].decode("latin-1")):
             pending = bytearray(body)
-            prefixed_indent = indent
             continue
         plain = _PLAIN_DMESG.match(body)
         if plain:
-            prefixed_indent = indent
             stats.count("dmesg")
-            yield KmsgRecord(priority=_DEFAULT_PRIORITY, seq=None,
-                             usec=int(plain[1]) * 1_000_000 + int(plain[2].ljust(6, b"0")[:6]),
-                             text=body[plain.end():].decode("utf-8", "backslashreplace").rstrip())
+            yield (KmsgRecord(priority=_DEFAULT_PRIORITY, seq=None,
+                              usec=int(plain[1]) * 1_000_000 + int(plain[2].ljust(6, b"0")[:6]),
+                              text=body[plain.end():].decode("utf-8", "backslashreplace").rstrip()),
+                   _PREFIXED, indent, len(rest) - len(body) + plain.end(), rest)
             continue
         text = body.decode("utf-8", "backslashreplace").rstrip()
         if text in JOURNAL_NOTICES or (text.startswith("-- ") and text.endswith(" --")):
@@ -691,23 +788,24 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
         fmt, record = parse_text_line(text, clock, stats)
         if fmt == "other":
             stats.other += 1
+            yield None, _OTHER, indent, 0, rest
             continue
         if record is None:
             stats.bad(text)
             continue
-        if fmt == "bare" and indent and prefixed_indent is not None and indent > prefixed_indent:
-            stats.continuation += 1  # journalctl indents the further lines of a multi-line record
+        if fmt == "bare":
+            yield record, _BARE, indent, indent, rest
             continue
-        if fmt != "bare":
-            prefixed_indent = indent
         stats.count(fmt)
-        yield record
+        # The column the record's text starts at, in bytes (dmesg and journalctl indent by bytes)
+        head = len(text) - len(record.text) if record.text and text.endswith(record.text) else len(text)
+        yield record, _PREFIXED, indent, len(rest) - len(body) + len(text[:head].encode()), rest
     if pending is not None:
-        yield _raw_or_garbled(bytes(pending), stats)
+        yield _raw_or_garbled(bytes(pending), stats), _OTHER_RECORD, 0, 0, b""
     if entry is not None:
         record = _verbose_record(entry, stats)
         if record is not None:
-            yield record
+            yield record, _OTHER_RECORD, 0, 0, b""
 
 
 def _verbose_record(entry: dict[bytes, bytes], stats: TextLogStats) -> Optional[KmsgRecord]:

@@ -56,13 +56,21 @@ _V1_PAIR = re.compile(r"([a-z][a-z0-9_]{0,63}):(\d{1,20})(KB|kB)?")
 _MEMINFO_PAIR = re.compile(r"([a-z][a-z0-9_()]{0,63}):(\d{1,20})")
 # Columns every known task table header has, in the kernel's order; the name is always last.
 _ROW_HEAD = re.compile(r"\[ *(\d{1,10})\]")
-# A name that starts with a number and a space is the table's next column: comms that look like that are not
-# worth a row read in the wrong shape.
-_NUMBER_FIRST = re.compile(r"-?\d+\s")
 _TASK_COLUMNS_KNOWN = frozenset(
-    ("uid", "tgid", "total_vm", "rss", "rss_anon", "rss_file", "rss_shmem", "nr_ptes", "pgtables_bytes",
+    ("uid", "tgid", "total_vm", "rss", "rss_anon", "rss_file", "rss_shmem", "nr_ptes", "nr_pmds", "pgtables_bytes",
      "swapents", "oom_score_adj", "name")
 )
+# The kernel's task table layouts (mm/oom_kill.c dump_tasks), by their count of numeric columns after the pid:
+# what a table pasted without its header line is read by. 7 columns were 3.10's (nr_ptes) and are 4.15+'s
+# (pgtables_bytes): told apart by the values (page-table bytes are whole pages).
+TASK_TABLE_LAYOUTS: dict[int, tuple[str, ...]] = {
+    7: ("uid", "tgid", "total_vm", "rss", "pgtables_bytes", "swapents", "oom_score_adj", "name"),
+    8: ("uid", "tgid", "total_vm", "rss", "nr_ptes", "nr_pmds", "swapents", "oom_score_adj", "name"),  # 4.x
+    10: ("uid", "tgid", "total_vm", "rss", "rss_anon", "rss_file", "rss_shmem", "pgtables_bytes", "swapents",
+         "oom_score_adj", "name"),  # 6.8+ splits rss
+}
+_LAYOUT_3_10 = ("uid", "tgid", "total_vm", "rss", "nr_ptes", "swapents", "oom_score_adj", "name")
+_ROW_NUMBERS = re.compile(r"\[ *\d{1,10}\]((?: +-?\d{1,21}){7,10}) +\S")
 
 
 class MemcgStatsHeader(NamedTuple):
@@ -290,9 +298,10 @@ def _row_shape(columns: tuple[str, ...]) -> Optional[_RowShape]:
 
 def parse_task_row(text: str, header: TaskTableHeader) -> Optional[TaskRow]:
     """One row `[    118]     0   118    54933    16454   200704        0             0 python3`, read by
-    the columns of `header` (the table's own header line). The name is the rest of the line: a comm may hold
-    spaces, but one that starts with a number and a space is taken for a column the header does not have
-    (a row of another table's shape). None when the numbers do not fit the header."""
+    the columns of `header` (the table's own header line). The name is the rest of the line after the header's
+    count of numbers: a comm may hold spaces and start with digits (`1 hog`), but is at most 15 bytes
+    (TASK_COMM_LEN), so the numbers of a row of another table's shape do not read as a name. None when the
+    numbers do not fit the header."""
     s = text.strip()
     m = _ROW_HEAD.match(s)
     if not m:
@@ -315,10 +324,30 @@ def parse_task_row(text: str, header: TaskTableHeader) -> Optional[TaskRow]:
         return None
     if not -1000 <= values[shape.score_adj] <= 1000:  # type: ignore[operator]
         return None
-    if _NUMBER_FIRST.match(name):
-        return None  # more numbers than the header has columns: a row of another table's shape
+    if len(name) > _COMM_BYTES and (len(name.encode()) > _COMM_BYTES and "\\" not in name or len(name) > 4 * _COMM_BYTES):
+        return None  # longer than any comm (one escaped byte is 4 characters)
     values.append(None)  # what a column the header lacks reads
     return _new_tuple(TaskRow, (int(m[1]), *shape.fields(values), name))
+
+
+_COMM_BYTES = 15  # TASK_COMM_LEN less its NUL
+
+
+def headerless_task_header(text: str) -> Optional[TaskTableHeader]:
+    """The header of a task table pasted without it, from its first row: the kernel's layout
+    (TASK_TABLE_LAYOUTS) with the row's count of numbers, or the largest that leaves a name (a comm may start
+    with a number). None for a line that is no row."""
+    m = _ROW_NUMBERS.match(text.strip())
+    if m is None:
+        return None
+    numbers = m[1].split()
+    for count in sorted(TASK_TABLE_LAYOUTS, reverse=True):
+        if count <= len(numbers):
+            columns = TASK_TABLE_LAYOUTS[count]
+            if count == 7 and (int(numbers[4]) % 4096 or int(numbers[4]) == 0):
+                columns = _LAYOUT_3_10  # a page-table count, not whole pages of bytes
+            return TaskTableHeader(columns)
+    return None
 
 
 def is_task_table_title(text: str) -> bool:
@@ -385,7 +414,7 @@ def memory_reports(texts: Iterable[str], keys: Optional[frozenset[str]] = None) 
     agent's lean form); the block is read and checked the same, and its other keys are not converted.
     None keeps every key (inspect, tests)."""
     state = _ReportState()
-    for text in texts:
+    for text in _split_heads(texts):
         head = parse_memcg_stats_header(text) if text.startswith(_STATS_HEAD) else None
         if head is not None:
             if state.section == "stats" and state.inline is not None:
@@ -435,10 +464,45 @@ def memory_reports(texts: Iterable[str], keys: Optional[frozenset[str]] = None) 
             state.header = parse_task_table_header(text)
             state.section = "tasks" if state.header is not None else ""
             continue
+        if state.section != "tasks" and text.lstrip().startswith("[") and (
+                header := headerless_task_header(text)) is not None:
+            # A task table pasted without its title and header: read by the kernel's layout of its count of
+            # columns; in the report whose parts came before it.
+            if state.header is not None or state.rows:
+                yield state.report()
+                state = _ReportState()
+            state.started, state.section, state.header = True, "tasks", header
+            row = parse_task_row(text, header)
+            if row is not None:
+                state.rows.append(row)
+            continue
+        if state.section in ("", "tasks-title") and not state.stats_read and state.inline is None \
+                and text.startswith("anon ") and (block := parse_memory_stat_block(text, keys)) is not None \
+                and block.dialect == "v2":
+            # A stats block pasted without its `Memory cgroup stats for` line (memory.stat starts with anon)
+            if state.header is not None or state.rows or state.meminfo:
+                yield state.report()
+                state = _ReportState()
+            state.started, state.section, state.stats_read = True, "stats", True
+            state.stat_values.update(block.values)
+            continue
         if state.section in ("stats", "meminfo"):
             state.section = ""
     if state.started:
         yield state.report()
+
+
+def _split_heads(texts: Iterable[str]) -> Iterator[str]:
+    """The texts, with a part's title line split from the lines a paste joined to it (a log that printed the
+    `Memory cgroup stats for` line and its block as one multi-line record)."""
+    for text in texts:
+        if "\n" in text and text.startswith((_STATS_HEAD, _TASKS_HEAD, _MEMINFO_HEAD)):
+            head, _, rest = text.partition("\n")
+            yield head
+            if rest.strip():
+                yield rest
+        else:
+            yield text
 
 
 class _ReportState:
@@ -557,13 +621,13 @@ def _block_values(block: bytes, keys: Optional[frozenset[str]]) -> Optional[dict
 
 def _row_form(columns: tuple[str, ...]) -> Callable:
     """The fullmatch of a row under `columns` as the kernel prints it: spaces, digits, oom_score_adj's minus,
-    and a name of printable ASCII without a backslash (an escaped byte: the slow way unescapes it) that does not
-    start with a number and a space (parse_task_row's rules, in one pattern; its groups are the pid, the
+    and a name of printable ASCII without a backslash (an escaped byte: the slow way unescapes it)
+    (parse_task_row's rules, in one pattern; its groups are the pid, the
     numeric columns and the name)."""
     numbers = b"".join(rb" +(-?\d{1,20})" if column == "oom_score_adj" else rb" +(\d{1,21})"
                        for column in columns[:-1])
     # printable, no backslash, no space at either end
-    name = rb"(?!-?\d+ )([!-\x5b\x5d-~](?:[ -\x5b\x5d-~]*[!-\x5b\x5d-~])?)"
+    name = rb"([!-\x5b\x5d-~](?:[ -\x5b\x5d-~]{0,13}[!-\x5b\x5d-~])?)"
     pattern = rb" *\[ *(\d{1,10})\]" + numbers + rb" +" + name + rb" *"
     if len(_ROW_FORMS) >= _FORMS_KEPT:
         _ROW_FORMS.clear()

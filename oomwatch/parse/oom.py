@@ -107,8 +107,10 @@ def _summary(text: str) -> Optional[OomSummary]:
     pid=N,uid=N` (4.19 without `constraint=`)."""
     head = _SUMMARY_HEAD.match(text)
     tail = _SUMMARY_TAIL.search(text, max(0, len(text) - 130))
-    if not head or not tail:
+    if not head:
         return None
+    if not tail:
+        return _cut_summary(text, head)
     body = text[:tail.start()]
     cut = body.rfind(",task_memcg=")
     if cut < 0:
@@ -128,6 +130,43 @@ def _summary(text: str) -> Optional[OomSummary]:
         constraint = _CONSTRAINTS.get(name, name.lower())
     return OomSummary(constraint=constraint, oom_cgroup=oom_cgroup, task_cgroup=task_cgroup, comm=tail["comm"],
                       pid=int(tail["pid"]), uid=int(tail["uid"]))
+
+
+def _cut_summary(text: str, head: re.Match) -> Optional[OomSummary]:
+    """A summary line cut short (`cut -c1-400`, a log system's line limit, a paste): every field a later one
+    follows is whole and kept, the rest None, the summary marked cut. None where not even the OOM's cgroup is
+    whole (`,task_memcg=` after it)."""
+    fields = {}
+    for key in ("task_memcg", "task", "pid"):  # each whole where the next one follows it
+        at = text.rfind(f",{key}=")
+        if at < 0:
+            break
+        fields[key] = at
+    if "task_memcg" not in fields:
+        return None
+    body = text[:fields["task_memcg"]]
+    if body.endswith(",global_oom"):
+        oom_cgroup: Optional[str] = "/"
+    else:
+        at = body.rfind(",oom_memcg=")
+        oom_cgroup = _cgroup(body[at + len(",oom_memcg="):]) if at >= 0 else None
+    if oom_cgroup is None:
+        return None
+    task_cgroup = comm = pid = None
+    if "task" in fields and fields["task"] > fields["task_memcg"]:
+        task_cgroup = _cgroup(text[fields["task_memcg"] + len(",task_memcg="):fields["task"]])
+        if "pid" in fields and fields["pid"] > fields["task"]:
+            comm = text[fields["task"] + len(",task="):fields["pid"]][:64] or None
+            uid_at = text.find(",uid=", fields["pid"])
+            digits = text[fields["pid"] + len(",pid="):uid_at] if uid_at >= 0 else ""
+            pid = int(digits) if digits.isdigit() and len(digits) <= 20 else None
+    name = head["constraint"]
+    if name is None:
+        constraint = "global" if oom_cgroup == "/" and body.endswith(",global_oom") else "memcg"
+    else:
+        constraint = _CONSTRAINTS.get(name, name.lower())
+    return OomSummary(constraint=constraint, oom_cgroup=oom_cgroup, task_cgroup=task_cgroup, comm=comm, pid=pid,
+                      uid=None, cut=True)
 
 
 def _killed(m: re.Match) -> OomKilled:
@@ -160,8 +199,10 @@ def parse_oom_line(text: str) -> Optional[Union[OomLine, OomReaped]]:
     first. Cheap first-character tests keep the common case (any other kernel line) fast."""
     line = _parse_oom_line(text)
     if text and "  " in text and len(text) <= MAX_WRAPPED and _OOM_START.match(text):
-        if line is None or (type(line) is OomKilled and not _KILLED.fullmatch(text.rstrip())):
-            # Not read, or a kill line read only up to a break (its optional fields after it lost).
+        if line is None or (type(line) is OomKilled and not _KILLED.fullmatch(text.rstrip())) or (
+                type(line) is OomSummary and line.cut):
+            # Not read, or a kill line read only up to a break (its optional fields after it lost), or a summary
+            # that looked cut at a break.
             return _rejoined(text.rstrip()) or line
     return line
 

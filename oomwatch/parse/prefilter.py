@@ -18,6 +18,7 @@ from typing import Callable, Optional
 _OOM_LINE_START = (rb"Memory cgroup out of memory|Out of memory|Killed process|oom-kill:|Tasks? in |"
                    rb"memory: usage |oom_reaper: reaped |CPU: \d+ (?:UID: \d+ )?PID:|"
                    rb"(?:oom_kill_process|dump_header|out_of_memory): \d+ callbacks")
+OOM_LINE_START = _OOM_LINE_START  # (the text front end, oomwatch.parse.kmsg, knows OOM lines by it too)
 _INVOKED = b" invoked oom-killer: "
 # The reader needs, for every record of a storm, its sequence number and whether its text may be an OOM line:
 # one match of `PRI,SEQ,…;` and the line starts gives both (group 2 is set when the text starts like one).
