@@ -49,6 +49,7 @@ class Storm(Scenario):
                 sizes = json.load(f).get("storm", {})
         except (OSError, ValueError):
             sizes = {}
+        self.floor_binary = sizes.get("floor")  # the C floor watcher, built by the host (tests/e2e/test_storm.py)
         self.containers_n = int(sizes.get("containers", CONTAINERS))
         self.rounds_n = int(sizes.get("rounds", ROUNDS))
         for i in range(self.containers_n):
@@ -82,9 +83,27 @@ class Storm(Scenario):
         }
         log(f"  storm: forged kill line written; agent published {len(self.gt['storm']['forged']['published'])}")
 
+    def start_floor(self):
+        """The least possible watcher beside the agent (tests/e2e/guest/oomfloor.c): when each kill could first
+        be seen, on the same clock as the agent's detected_at."""
+        if not self.floor_binary:
+            return None
+        events = [f"{CG}{cg}/memory.events" for cg in self.cgroups]
+        return subprocess.Popen([self.floor_binary, f"{self.dir}/floor.txt", *events], stdin=subprocess.DEVNULL)
+
     def act(self):
         ctx = self.ctx
         self.forge()
+        floor = self.start_floor()
+        self.gt["storm"]["floor"] = floor is not None
+        try:
+            self.rounds(ctx)
+        finally:
+            if floor is not None:
+                floor.terminate()
+                floor.wait()
+
+    def rounds(self, ctx):
         rounds = []
         seq0 = ctx.kmsg.last_seq()
         for r in range(self.rounds_n):
