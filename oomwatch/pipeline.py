@@ -19,7 +19,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
 
-from oomwatch.correlator import Correlator
+from oomwatch.correlator import Correlator, is_within
 from oomwatch.events import (
     CgroupAdded,
     CgroupChanged,
@@ -495,8 +495,9 @@ class Pipeline:
     def _advance(self, fx: Effects) -> None:
         """Whatever is due now: complete quiet incidents, publish, reconcile, move the cursor, save."""
         now, correlator = self._now, self.correlator
-        if correlator.pending and self._caught_up and now >= self._last_record + self._quiet():
-            self.witness.add(correlator.flush(), now)  # quiet long enough: an incident still open is complete
+        if correlator.pending and self._caught_up and (now >= self._last_record + self._quiet()
+                                                        or self._counted_complete()):
+            self.witness.add(correlator.flush(), now)  # quiet long enough, or every line counted: complete
         if self.witness.next_due() is not None:
             self._publish(self.witness.due(now), fx)
         if self._caught_up and not correlator.pending and not len(self.witness):
@@ -539,6 +540,26 @@ class Pipeline:
         if self.correlator.listing or self._lines_owed():
             return max(settings.quiet, settings.quiet_listing)
         return settings.quiet
+
+    def _counted_complete(self) -> bool:
+        """Issue 30: what is being printed is complete once its lines are exactly what memory.events counted for
+        their cgroups (the kernel counts each kill before printing its line, and a group kill once its listing is
+        printed), with nothing more to come: every line's cgroup known, every group kill's oom_group_kill
+        counted, and no kill in a cgroup where memory.oom.group applies without its `Tasks in` line. Otherwise
+        (a cgroup not watched, a kernel without the counter, a pasted log) the quiet window decides."""
+        if not self.settings.counting:
+            return False
+        lines = self.correlator.unpublished_lines()
+        groups = self.correlator.unpublished_groups()
+        if not lines or groups is None:
+            return False
+        unaccounted = self.reconciler.unaccounted_kills
+        if any(unaccounted(cgroup) != n for cgroup, n in lines.items()):
+            return False
+        counted = self.reconciler.unaccounted_group_kills
+        if any(counted(cgroup) != n for cgroup, n in groups.items()):
+            return False
+        return not any(self.node.is_grouped(c) and not any(is_within(c, g) for g in groups) for c in lines)
 
     def _lines_owed(self) -> bool:
         unaccounted = self.reconciler.unaccounted_kills
