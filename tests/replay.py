@@ -187,7 +187,7 @@ class Replay:
         self.fatal: Optional[str] = None
         self.done = False
         self.sinks, self.state_sink = list(sinks), state_sink
-        self.spins = 0  # Ticks at a deadline that the Tick did not move on (see _tick)
+        self.spins = 0  # Ticks at a deadline that the Tick did not move on (see tick)
         self._ticked_at: Optional[float] = None  # the time of the last step, when it was a Tick
 
     def step(self, event: Any, now: Optional[float] = None) -> Effects:
@@ -238,7 +238,7 @@ class Replay:
             deadline = self.pipeline.next_deadline()
             if deadline is None or deadline > when:
                 break
-            self._tick(deadline)
+            self.tick(deadline)
         self.step(Tick(), max(when, self.now))
 
     def settle(self, limit: float = 7 * 86400.0) -> float:
@@ -251,9 +251,9 @@ class Replay:
             if deadline is None:
                 return self.now
             assert deadline <= end, f"still something due at {deadline} after {limit} s"
-            self._tick(deadline)
+            self.tick(deadline)
 
-    def _tick(self, deadline: float) -> None:
+    def tick(self, deadline: float) -> None:
         """A Tick at `deadline`, as the agent's loop steps it when its wait for an event times out. A deadline
         that a Tick at that very time left due would make the loop spin (it waits 0 s, steps a Tick, again):
         such Ticks are counted in `spins`, and time moves on a millisecond each, as the agent's clock would

@@ -344,16 +344,20 @@ def _promtool() -> str:
     return promtool
 
 
-def _promtool_check(body: bytes) -> None:
+def promtool_complaint(body: bytes) -> Optional[str]:
+    """What `promtool check metrics` says against `body` (exit status and output), None when it accepts it
+    without a word."""
     result = subprocess.run([_promtool(), "check", "metrics"], input=body, capture_output=True)
-    assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
+    if result.returncode == 0 and result.stdout == b"" and result.stderr == b"":
+        return None
+    return f"exit {result.returncode}: {(result.stdout + result.stderr).decode(errors='replace')}"
 
 
 @pytest.mark.tools
 def test_promtool_accepts_every_byte_of_a_cgroup_name() -> None:
     """The real promtool (Debian's prometheus) on the exposition of every hostile name: it refuses a body with
     one label value that is not UTF-8, as Prometheus refuses the scrape."""
-    _promtool_check(_hostile_collector(hostile_names())[0].exposition())
+    assert promtool_complaint(_hostile_collector(hostile_names())[0].exposition()) is None
     # The check can fail: the same body with one name's bytes written raw is refused.
     raw = b'# HELP m x\n# TYPE m gauge\nm{cgroup="/x\xff.service"} 1\n'
     assert subprocess.run([_promtool(), "check", "metrics"], input=raw, capture_output=True).returncode != 0
@@ -482,15 +486,15 @@ def test_label_text_is_built_once_and_forgotten_with_the_workload() -> None:
         store.seen(labels)
     ours = OomwatchCollector(store, lambda: live, lambda: NodeInfo("k", "2", "false"))
     ours.exposition()
-    first = ours._label_text[("ns", "a", "c", "")]
+    first = ours.label_texts[("ns", "a", "c", "")]
     ours.exposition()
-    assert ours._label_text[("ns", "a", "c", "")] is first  # not rebuilt
+    assert ours.label_texts[("ns", "a", "c", "")] is first  # not rebuilt
     store.gone(("ns", "b", "c", ""))
     store.grace_seconds = 0
     store.expire()
     live.pop()
     ours.exposition()
-    assert set(ours._label_text) == {("ns", "a", "c", "")}
+    assert set(ours.label_texts) == {("ns", "a", "c", "")}
 
 
 def test_drop_series_leaves_out_pods_and_memory_events() -> None:
@@ -547,8 +551,7 @@ def test_promtool_accepts_the_exposition(case: Path) -> None:
     store = _store()
     hostile = OomwatchCollector(store, lambda: [(labels, _stats(i)) for i, labels in enumerate(HOSTILE)],
                                 lambda: NodeInfo('6.1 "x"', "2", "unknown")).exposition()
-    for body in (golden, hostile):
-        _promtool_check(body)
+    assert [promtool_complaint(body) for body in (golden, hostile)] == [None, None]
 
 
 # --- bounded labels ------------------------------------------------------------------------------------
@@ -656,4 +659,4 @@ def test_promtool_accepts_hostile_cgroup_names_through_the_pipeline(tmp_path: Pa
     replay = Replay(Settings(boot_id=Proc(config.proc).boot_id(), boot_time=BOOT_TIME, kmsg_source=None,
                              counting=False), now=DETECTED_AT)
     replay.run(tree_events(tree) + saved_log_events(case / "kmsg"))
-    _promtool_check(replay.metrics(config))
+    assert promtool_complaint(replay.metrics(config)) is None

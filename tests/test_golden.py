@@ -29,12 +29,18 @@ def golden_config(case: Path, tmp_path: Path) -> Config:
         events_file=str(tmp_path / "events.jsonl"), state_dir=str(tmp_path / "state"))
 
 
-def compare(path: Path, actual: str) -> None:
+def expected(path: Path, actual: str) -> str:
+    """The golden text at `path`; `actual` is written there first with OOMWATCH_UPDATE_GOLDEN=1 (or when there is
+    none yet, and the test fails: a new golden file is reviewed before it counts)."""
     if UPDATE or not path.exists():
         path.write_text(actual)
         if not UPDATE:
             pytest.fail(f"{path.name} did not exist; written now: review it and run again")
-    assert actual == path.read_text(), f"differs from {path} (OOMWATCH_UPDATE_GOLDEN=1 to rewrite)"
+    return path.read_text()
+
+
+def compare(path: Path, actual: str) -> None:
+    assert actual == expected(path, actual), f"differs from {path} (OOMWATCH_UPDATE_GOLDEN=1 to rewrite)"
 
 
 def replayed(case: Path) -> tuple[str, str]:
@@ -51,8 +57,10 @@ def replayed(case: Path) -> tuple[str, str]:
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_golden_metrics_and_incidents(case: Path) -> None:
     metrics, incidents = replayed(case)
-    compare(case / "expected-metrics.txt", metrics)
-    compare(case / "expected-incidents.json", incidents)
+    rewrite = "(OOMWATCH_UPDATE_GOLDEN=1 to rewrite)"
+    assert metrics == expected(case / "expected-metrics.txt", metrics), f"/metrics of {case.name} differs {rewrite}"
+    assert incidents == expected(case / "expected-incidents.json", incidents), \
+        f"/incidents of {case.name} differs {rewrite}"
 
 
 def test_the_running_agent_serves_the_golden_output(tmp_path: Path) -> None:

@@ -190,7 +190,8 @@ def test_new_credentials_are_paced_per_client_and_only_successes_are_remembered(
 
 def test_the_dummy_hash_for_unknown_users_has_the_users_cost() -> None:
     checker = BasicAuth({"p": b"$2y$12$" + b"a" * 53, "q": b"$2b$05$" + b"b" * 53})
-    assert checker._dummy_cost == 12
+    assert checker.unknown_user_cost == 12
+    assert BasicAuth({}).unknown_user_cost == 10
 
 
 def test_pipelined_requests_over_tls_are_capped_too(pki: Path) -> None:

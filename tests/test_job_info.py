@@ -23,7 +23,7 @@ from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.kubeapi import PodIndex
 from oomwatch.workloads.runtime import ContainerNames, RuntimeNames
 from tests.replay import Replay, live_settings
-from tests.test_collector import ReferenceCollector, _promtool_check, reference_text
+from tests.test_collector import ReferenceCollector, promtool_complaint, reference_text
 
 INFO = "oomwatch_workload_job_info"
 
@@ -267,4 +267,4 @@ def test_promtool_accepts_the_info_family() -> None:
                                  limited=True, pids=())])
     body = node.collector().exposition()
     assert len(info_samples(body)) == 3
-    _promtool_check(body)
+    assert promtool_complaint(body) is None

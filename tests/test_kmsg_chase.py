@@ -32,10 +32,11 @@ class RingThatOutruns:
 
 def test_chasing_the_tail_jumps_to_the_newest_record(monkeypatch) -> None:
     ring = RingThatOutruns()
-    fake_os = types.SimpleNamespace(read=ring.read, lseek=ring.lseek, SEEK_END=2)
+    fake_os = types.SimpleNamespace(read=ring.read, lseek=ring.lseek, SEEK_END=2, open=lambda path, flags: 3,
+                                    O_RDONLY=0, O_NONBLOCK=0, O_CLOEXEC=0)
     monkeypatch.setattr(kmsg_module, "os", fake_os)
     reader = LiveKmsg("/dev/kmsg")
-    reader.fd, reader._last_seq = 3, 10
+    reader.open(after_seq=10)
     items = list(reader.read_available())
     assert ring.seeks == [2] and reader.jumps == 1
     assert [type(i).__name__ for i in items] == ["Lost", "KmsgRecord", "Lost", "KmsgRecord"]

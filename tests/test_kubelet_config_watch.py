@@ -41,6 +41,16 @@ def test_a_changed_kubelet_config_is_read_again(tmp_path: Path) -> None:
 
 
 def test_no_kubelet_directory_means_nothing_to_watch(tmp_path: Path) -> None:
-    watch = KubeletConfigWatch(str(tmp_path / "absent" / "config.yaml"), lambda: "unknown", lambda event: None)
-    watch.start()  # no error, no thread
+    emitted: list = []
+    watch = KubeletConfigWatch(str(tmp_path / "absent" / "config.yaml"), lambda: "unknown", emitted.append)
+    watch.start()  # no error
+    assert not watch.watching
     watch.stop()
+    assert emitted == []
+    present = KubeletConfigWatch(str(tmp_path / "config.yaml"), lambda: "unknown", emitted.append)
+    present.start()  # the check can fail: with the directory there, a thread watches it
+    try:
+        assert present.watching
+    finally:
+        present.stop()
+    assert not present.watching

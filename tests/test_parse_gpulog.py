@@ -14,6 +14,7 @@ from oomwatch.parse.gpulog import (
     GPU,
     HOST,
     MAX_EVIDENCE,
+    MAX_EVIDENCE_CHARS,
     MAX_LINE,
     MAX_LINES,
     MAX_TAIL_BYTES,
@@ -120,7 +121,9 @@ def check(found: Optional[LogFinding], expected: tuple) -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_real_log_tails(name: str) -> None:
-    check(parse_log_tail(read(name)), CASES[name])
+    found = parse_log_tail(read(name))
+    assert found is not None, "each of these logs reports a failed allocation"
+    check(found, CASES[name])
 
 
 @pytest.mark.parametrize("name", NOTHING)
@@ -224,10 +227,13 @@ def test_only_the_end_of_a_long_log_is_read() -> None:
 def test_hostile_bytes_never_raise() -> None:
     for data in (b"", b"\x00" * 1000, b"\xff\xfe" * 5000, b"{\"log\":", b"{\"log\": 5}\n", b"\n" * 10000,
                  b"2026-01-01T00:00:00Z stderr P " * 3000,
-                 b"CUDA out of memory. Tried to allocate " + b"9" * 500,
                  b"GPU 99999999 has a total capacity of 1e999 GiB",
                  ("\udcff" * 10).encode("utf-8", "surrogatepass")):
-        parse_log_tail(data)
+        assert parse_log_tail(data) is None, data[:40]
+    # CUDA's phrase with an absurd size: a CUDA OOM whose size is unknown, its evidence line cut to the bound
+    found = parse_log_tail(b"CUDA out of memory. Tried to allocate " + b"9" * 500)
+    assert found is not None and (found.memory, found.kind, found.tried_bytes) == (GPU, "cuda-oom", None)
+    assert [len(line) for line in found.evidence] == [MAX_EVIDENCE_CHARS]
 
 
 def test_sizes() -> None:

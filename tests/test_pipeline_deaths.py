@@ -175,7 +175,7 @@ def test_a_kill_whose_lines_come_after_its_exits_is_still_kernel_oom(tmp_path: P
     replay.step(ProcessExited(119, SIGKILL, kill_time + 0.06), kill_time + 0.06)
     due = replay.pipeline.next_deadline()
     assert due == kill_time + 0.06 + 2.0
-    replay._tick(due)  # as the loop steps it: complete, held, a read of the kernel log asked for
+    replay.tick(due)  # as the loop steps it: complete, held, a read of the kernel log asked for
     assert replay.deaths == [] and replay.wakes == 1
     assert replay.pipeline.next_deadline() == due + 10.0  # (no spin: the read wakes it before)
     reader = LiveReader()

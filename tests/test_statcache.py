@@ -78,7 +78,7 @@ def test_removed_cgroup_is_none_and_one_back_under_the_same_name_is_read_again(t
                                                                               monkeypatch) -> None:
     cache = StatCache(CgroupFS(str(tree)), max_open=100)
     assert cache.read("/b").limit_bytes == 64 << 20
-    held = {fd for fd in (cache._entries["/b"].fd0, cache._entries["/b"].fd1) if fd is not None}
+    held = set(cache.descriptors("/b"))
     real_pread = os.pread
 
     def pread(fd, n, offset):
@@ -91,7 +91,7 @@ def test_removed_cgroup_is_none_and_one_back_under_the_same_name_is_read_again(t
     saved = tree.parent / "b-saved"
     shutil.move(tree / "b", saved)
     assert cache.read("/b") is None
-    assert "/b" not in cache._entries and cache.open_descriptors == 0
+    assert cache.descriptors("/b") is None and cache.open_descriptors == 0
     shutil.move(saved, tree / "b")  # created again, another limit
     rewrite(tree / "b/memory.max", "max\n")
     again = cache.read("/b")
@@ -101,7 +101,7 @@ def test_removed_cgroup_is_none_and_one_back_under_the_same_name_is_read_again(t
 def test_a_stale_descriptor_drops_the_kept_values_too(tree: Path, monkeypatch) -> None:
     cache = StatCache(CgroupFS(str(tree)), max_open=100)
     cache.read("/a")
-    held = {fd for fd in (cache._entries["/a"].fd0, cache._entries["/a"].fd1) if fd is not None}
+    held = set(cache.descriptors("/a"))
     real_pread = os.pread
 
     def pread(fd, n, offset):
@@ -118,7 +118,8 @@ def test_a_stale_descriptor_drops_the_kept_values_too(tree: Path, monkeypatch) -
 def test_forget_closes_descriptors(tree: Path) -> None:
     cache = StatCache(CgroupFS(str(tree)), max_open=100)
     cache.read("/a")
-    fds = [fd for fd in (cache._entries["/a"].fd0, cache._entries["/a"].fd1) if fd is not None]
+    fds = cache.descriptors("/a")
+    assert fds
     cache.forget("/a")
     assert cache.open_descriptors == 0
     for fd in fds:

@@ -169,7 +169,7 @@ def test_unreadable_directories_and_files_are_reported_said_once_and_counted() -
 
 
 class CountingInotify:
-    """Gives every watch; counts them (no kernel: _watch needs nothing else)."""
+    """Gives every watch; counts them (no kernel: watch() needs nothing else)."""
 
     def __init__(self) -> None:
         self.next = 0
@@ -183,22 +183,22 @@ def watcher_knowing(n: int) -> CgroupWatcher:
     watcher = CgroupWatcher(CgroupFS("/nonexistent"), on_added=lambda p: None, on_removed=lambda p: None,
                             on_events=lambda p: None, inotify=CountingInotify())
     for i in range(n // 10):
-        watcher._watch(f"/pod{i}")
+        watcher.watch(f"/pod{i}")
         for j in range(9):
-            watcher._watch(f"/pod{i}/c{j}")
+            watcher.watch(f"/pod{i}/c{j}")
     return watcher
 
 
 def test_removal_forgets_exactly_the_subtree() -> None:
     watcher = watcher_knowing(100)
-    watcher._watch("/pod1x")  # a sibling that shares the prefix
+    watcher.watch("/pod1x")  # a sibling that shares the prefix
     subtree = watcher.subtree("/pod1")
     assert subtree[0] == "/pod1" and sorted(subtree[1:]) == [f"/pod1/c{j}" for j in range(9)]
-    gone = watcher._forget("/pod1")
+    gone = watcher.forget("/pod1")
     assert gone[0] == "/pod1" and sorted(gone[1:]) == [f"/pod1/c{j}" for j in range(9)]
     assert "/pod1x" in watcher.known() and not [p for p in watcher.known() if p.startswith("/pod1/")]
-    assert watcher._forget("/pod1") == []  # the parent's IN_DELETE after the directory's own IN_DELETE_SELF
-    assert sum(map(len, watcher._wd_path)) == (100 - 10 + 1) * 5  # every watch of the subtree dropped, no other
+    assert watcher.forget("/pod1") == []  # the parent's IN_DELETE after the directory's own IN_DELETE_SELF
+    assert watcher.watches == (100 - 10 + 1) * 5  # every watch of the subtree dropped, no other
 
 
 def test_removal_costs_what_is_removed_not_what_is_watched() -> None:
@@ -207,7 +207,7 @@ def test_removal_costs_what_is_removed_not_what_is_watched() -> None:
         leaves = [f"/pod{i}/c{j}" for i in range(100) for j in range(9)][:1000]
         start = time.perf_counter()
         for leaf in leaves:
-            watcher._forget(leaf)
+            watcher.forget(leaf)
         return time.perf_counter() - start
 
     small, large = seconds_to_remove_1000(1000), seconds_to_remove_1000(20_000)

@@ -22,6 +22,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from operator import attrgetter
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 from oomwatch import __version__
@@ -461,6 +462,12 @@ class OomwatchCollector:
         self._scrapes = 0
         self._malformed: set[str] = set()
         self.not_exported = 0  # workloads left out, each counted once while its labels stay
+
+    @property
+    def label_texts(self) -> Mapping[Labels, object]:
+        """The label text kept per workload (built at its first scrape, dropped once its series are gone), as a
+        read-only mapping."""
+        return MappingProxyType(self._label_text)
 
     # --- rows ----------------------------------------------------------------------------------------
 

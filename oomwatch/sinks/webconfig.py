@@ -278,6 +278,12 @@ class BasicAuth:
         costs = [int(h[4:6]) for h in self._users.values() if h[4:6].isdigit()]
         self._dummy_cost = max(costs, default=10)
 
+    @property
+    def unknown_user_cost(self) -> int:
+        """The bcrypt cost of the hash checked for a user not in the file: the highest of the users' (10 without
+        any), so that how long a check takes does not tell whether a name exists."""
+        return self._dummy_cost
+
     @staticmethod
     def _digest(authorization: str) -> bytes:
         return hashlib.sha256(authorization[6:].strip().encode("latin-1", "replace")).digest()

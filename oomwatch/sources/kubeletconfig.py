@@ -40,6 +40,11 @@ class KubeletConfigWatch:
         self._thread = threading.Thread(target=self._run, name="kubelet-config", daemon=True)
         self._thread.start()
 
+    @property
+    def watching(self) -> bool:
+        """Whether a thread watches the file's directory (not on a node without it, nor after stop)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _run(self) -> None:
         assert self._inotify is not None
         name = os.path.basename(self.path)

@@ -99,6 +99,15 @@ class StatCache:
     def open_descriptors(self) -> int:
         return self._open
 
+    def descriptors(self, path: str) -> Optional[tuple[int, ...]]:
+        """The descriptors held open for a cgroup's files; None when nothing is kept for it (never read, or
+        forgotten since)."""
+        with self._lock:
+            entry = self._entries.get(path)
+            if entry is None:
+                return None
+            return tuple(fd for fd in (entry.fd0, entry.fd1, entry.fd2, entry.fd3) if fd is not None)
+
     def invalidate(self, path: str) -> None:
         with self._lock:
             entry = self._entries.get(path)
