@@ -18,7 +18,7 @@ import time
 from typing import Callable, Optional
 
 from oomwatch.config import Config
-from oomwatch.events import OomdMarksRead, StateSaved, Stop, Tick
+from oomwatch.events import OomdMarksRead, PodsListed, StateSaved, Stop, Tick
 from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, node_layout, scraped_workloads
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
 from oomwatch.process import malloc_trimmed, nice_this_thread
@@ -77,6 +77,7 @@ class Agent:
         self._loop_thread = threading.Thread(target=self._loop, name="pipeline", daemon=True)
         self._view_at, self._stale = 0.0, False
         self.blind: Optional[str] = None  # why it cannot see the cgroups
+        self.starting: Optional[str] = "reading the cgroup tree"  # /healthz says so until the first full scan
 
     def start(self) -> None:
         self.blind = _blind(self.config, self.posture)  # why it cannot see the cgroups (a missing root raises)
@@ -85,24 +86,30 @@ class Agent:
         # The kernel log first: records are lost while anything slow runs before the reader does.
         skip = self.kernel_log.open(lambda kind: self.store.cursor_seq if (
             self.store.boot_id == boot_id and self.store.cursor_source == kind) else None)
+        # Listen before the tree is read (100,000 cgroups took 67 s): /healthz answers "starting" (503: not ready,
+        # and no liveness failure: /livez) and /metrics and /incidents serve the restored state meanwhile.
+        self.view = View(self.store.snapshot(), (), self.posture.single_process_oom_kill(),
+                         self.state.error if self.state else None)
+        latest = _Latest(lambda: self.view)
+        self.collector = _collector(self, latest)
+        self.http = _http(self.config, self._metrics, latest, self.health)
+        self.http.start()
+        if self.pod_index is not None:  # the first pod list comes while the tree is read; the pipeline hears it
+            self.pod_index.on_pods = lambda uids: self.events.put(PodsListed(uids))
+            self.pod_index.start()
         self.cgroups.start()
         self.pipeline = _pipeline(self, boot_id, skip, extra)
         while not self.events.empty():  # the tree as found, before the first scrape: /metrics is whole from then
             self._apply(self.pipeline.step(self.events.get_nowait(), self.clock()))
         self.view = self.pipeline.view()  # scrapes see this until it is replaced
+        self.starting = None
         for sink in self.sinks:
             sink.start(self.store.snapshot().incidents)
         threading.Thread(target=_until_failed, args=(self, self.cgroups.run, "the cgroup watcher stopped",
                                                      self.cgroups.watcher.close), name="cgroups", daemon=True).start()
         self._loop_thread.start()
-        latest = _Latest(lambda: self.view)
-        self.collector = _collector(self, latest)
-        self.http = _http(self.config, self._metrics, latest, self.health)
-        self.http.start()
         if self.config.proc_connector:
             self.connector = _connector(self.proc, self.events.put, self.cgroups.own_cgroup, self.clock)
-        if self.pod_index is not None:
-            self.pod_index.start()
         self.kubelet_config.start()
         self.kernel_log.start()
         log.info("oomwatch agent listening on %s:%d (cgroups %s, kernel log %s)", *self.http.address,
@@ -230,7 +237,11 @@ def apply_deaths(agent: Agent, fx: Effects) -> None:
 
 
 def health_of(agent: Agent) -> tuple[bool, dict]:
-    """/healthz: 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why."""
+    """/healthz: 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why; 503
+    "starting" until the tree has been read once."""
+    starting = getattr(agent, "starting", None)
+    if starting:
+        return False, {"starting": starting}
     kmsg_ok, kmsg = agent.kernel_log.health()
     watcher = agent.cgroups.watcher
     # Blind: no memory controller, or cgroups this agent cannot read. Cgroups inotify cannot watch are still
@@ -267,7 +278,8 @@ def _pipeline(agent: Agent, boot_id: str, skip: Optional[int], extra: dict) -> P
                         persist=agent.state is not None, skip_upto=skip, saved_log=kernel_log.saved,
                         page_size=None if kernel_log.saved else os.sysconf("SC_PAGE_SIZE"),
                         read_logs=bool(config.pod_log_dir))
-    resolver = WorkloadResolver(RuntimeNames(read_files=False), agent.pod_index, layout=agent.layout)
+    resolver = WorkloadResolver(RuntimeNames(read_files=False), agent.pod_index, layout=agent.layout,
+                                trust_delegated=config.trust_delegated_cgroups)
     return Pipeline(settings, agent.store, resolver, now=agent.clock(), accounts=extra.get("accounts"),
                     single_process_oom_kill=agent.posture.single_process_oom_kill(),
                     state_error=agent.state.error if agent.state else None)

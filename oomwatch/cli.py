@@ -104,6 +104,11 @@ def main() -> None:
                                       "network namespaces).")
 @click.option("--grace-period", envvar="OOMWATCH_GRACE_PERIOD", type=click.FloatRange(min=0), default=600.0,
               show_default=True, help="Seconds a gone workload's series stay before they are dropped.")
+@click.option("--trust-delegated-cgroups/--no-trust-delegated-cgroups", envvar="OOMWATCH_TRUST_DELEGATED_CGROUPS",
+              default=False, show_default=True,
+              help="Give each unit in a cgroup subtree delegated to a user (user@UID.service, rootless runtimes, "
+                   "`systemd-run --user`) its own series. Off: the whole subtree is one workload at its delegation "
+                   "root, so that no user can flood /metrics; either way the cap keeps room for the others.")
 @click.option("--drop-series", envvar="OOMWATCH_DROP_SERIES", default="", metavar="LIST",
               help="Leave series out of /metrics on large fleets, comma-separated: `pods` (the pod-level series, "
                    "duplicates of their containers'), `memory-events` (oomwatch_memory_events_total, 5 per "
@@ -122,8 +127,8 @@ def main() -> None:
               help="TLS, client certificates and basic auth for every route but /healthz, in the format of "
                    "Prometheus' exporter-toolkit web config file (see the README, \"Who can reach the port\").")
 def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, listen, events_file,
-          state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, drop_series,
-          journal, slurm_admin_comment, log_level, web_config_file) -> None:
+          state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, trust_delegated_cgroups,
+          drop_series, journal, slurm_admin_comment, log_level, web_config_file) -> None:
     """Run the node agent: follow the kernel log and the cgroup tree, publish every OOM kill as an incident,
     serve Prometheus metrics. Stops cleanly on SIGTERM (state flushed, exit 0).
 
@@ -155,7 +160,8 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
     config = Config(kmsg=kmsg, cgroup_root=cgroup_root, proc=proc_root, listen=listen, events_file=events_file,
                     state_dir=state_dir, kubelet_config=kubelet_config, run_root=run_root, pod_log_dir=pod_log_dir,
                     node_name=node_name, kube_api=kube_api, pod_events=pod_events, proc_connector=proc_connector,
-                    grace_period=grace_period, drop_series=dropped, journal=journal,
+                    grace_period=grace_period, trust_delegated_cgroups=trust_delegated_cgroups, drop_series=dropped,
+                    journal=journal,
                     slurm_admin_comment=slurm_admin_comment,
                     web_config_file=web_config_file, boot_time=_boot_time(boot_time))
     try:

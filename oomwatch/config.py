@@ -23,6 +23,9 @@ class Config:
     kube_api: str = "auto"  # auto | off
     pod_events: bool = True
     grace_period: float = 600.0
+    # Each unit in a subtree delegated to a user (user@UID.service, rootless runtimes) its own workload; by
+    # default the subtree is one workload at its delegation root (docs/contract.md, "Identity").
+    trust_delegated_cgroups: bool = False
     proc_connector: bool = False  # witness SIGKILLed processes the kernel log does not name
     # How long the kernel log must stay quiet before an incident still being printed is taken as complete.
     quiet_seconds: float = 0.25

@@ -44,6 +44,7 @@ class CgroupAdded(NamedTuple):
     pids: tuple
     names: Optional[ContainerNames] = None
     oomd_ooms: Optional[int] = None
+    owner: Optional[int] = None  # the directory's owner (uid): who may create cgroups below it (None: unknown)
 
 
 class CgroupChanged(NamedTuple):
@@ -61,6 +62,13 @@ class CgroupChanged(NamedTuple):
 
 class CgroupRemoved(NamedTuple):
     path: str
+
+
+class PodsListed(NamedTuple):
+    """The API server's word on this node's pods arrived (the first list, a relist, a watch event): identities
+    resolved before it lack the owner and job it gives. `uids`: the pods it was about (None: every pod)."""
+
+    uids: Optional[frozenset] = None
 
 
 class MemoryStatRead(NamedTuple):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional
 
 from oomwatch.correlator import Correlator, is_within
+from oomwatch.cowmap import CowMap
 from oomwatch.events import (
     CgroupAdded,
     CgroupChanged,
@@ -29,6 +30,7 @@ from oomwatch.events import (
     LogTailRead,
     MemoryStatRead,
     OomdMarksRead,
+    PodsListed,
     PostureRead,
     ProcessExeced,
     ProcessExited,
@@ -192,6 +194,7 @@ class Pipeline:
         self._saved_at = now
         self.state_error = state_error  # why the state is not saved (None: it is)
         self._identities: dict[str, Workload] = {}
+        self._rows = CowMap()  # what view() shows: cgroup → (cgroup, labels, identity) of each exported workload
         # Workload cgroups the full store could not take, in the order they came (exported when it can, first first)
         self._over_cap: dict[str, None] = {}
         # Deaths: exits grouped until complete, the kills they may be, what a workload was as its cgroup went,
@@ -213,7 +216,7 @@ class Pipeline:
             ProcessExited: self._exited, PostureRead: self._posture, StateSaved: self._state_saved,
             KernelLogEnded: self._kernel_log_ended, Stop: self._stop, Tick: lambda event, fx: None,
             LogTailRead: self._log_tail_read, OomdMarksRead: self._oomd_marks_read,
-            MemoryStatRead: self._memory_stat_read, RayLogRead: self._ray_log_read,
+            MemoryStatRead: self._memory_stat_read, RayLogRead: self._ray_log_read, PodsListed: self._pods_listed,
         }
 
     # --- the step ----------------------------------------------------------------------------------
@@ -247,10 +250,9 @@ class Pipeline:
         return min((t for t in times if t is not None), default=None)
 
     def view(self) -> View:
-        over = self._over_cap
-        workloads = tuple((path, labels, self._identities[path]) for path, labels in self.node.workloads.items()
-                          if path not in over)
-        return View(self.store.snapshot(), workloads, self.single_process_oom_kill, self.state_error, len(over))
+        """In constant time (cowmap): taken after every change, so churn costs what changed, not what is kept."""
+        return View(self.store.snapshot(), self._rows.frozen().values(), self.single_process_oom_kill,
+                    self.state_error, len(self._over_cap))
 
     def state(self) -> dict[str, Any]:
         """The state file's content: the store, the cursor and the reconciler's accounts."""
@@ -338,6 +340,7 @@ class Pipeline:
 
     def _cgroup_added(self, event: CgroupAdded, fx: Effects) -> None:
         path, node = event.path, self.node
+        self.resolver.owned(path, event.owner)  # (parents come first: a delegation root before what is below it)
         self.readings.added(path)
         node.remember_pids(path, event.pids)
         node.set_oom_group(path, event.oom_group)
@@ -374,6 +377,7 @@ class Pipeline:
             context.oom_kill_near = self.node.oom_kill_near(event.path, self._now - 60.0, self._now)
             context.identity = context.identity or self._identities.get(event.path)
         self._identities.pop(event.path, None)
+        self._rows.pop(event.path, None)
         self._oomd_found.pop(event.path, None)
         if event.path in self._over_cap:
             del self._over_cap[event.path]
@@ -384,7 +388,19 @@ class Pipeline:
             self.store.gone(labels)
             fx.changed = True
         self.reconciler.removed(event.path)
+        self.resolver.removed(event.path)
         self.readings.removed(event.path)  # (kept a while: the kill's lines can come after the removal)
+
+    def _pods_listed(self, event: PodsListed, fx: Effects) -> None:
+        """Owners and jobs for the pods' workloads found before the API server named them (their cgroups existed
+        before the first pod list returned: an agent restarted on a busy node)."""
+        uids = event.uids
+        for path, identity in list(self._identities.items()):
+            if identity.pod_uid and (uids is None or identity.pod_uid in uids):
+                workload = self.resolver.resolve(path)
+                if workload != identity:
+                    self._set_labels(path, workload, fx)
+                    fx.changed = True
 
     def _classify(self, path: str, oom_group: Optional[int], limited: bool, fx: Effects,
                   names_arrived: bool = False) -> None:
@@ -401,6 +417,8 @@ class Pipeline:
         self._identities[path] = workload
         old = self.node.set_workload(path, labels)
         if old == labels:
+            if path in self._rows:  # the same series, a richer identity (an owner the API server named)
+                self._rows[path] = (path, labels, workload)
             return
         self._export(path, labels, fx)
         if old is not None:
@@ -410,7 +428,10 @@ class Pipeline:
     def _export(self, path: str, labels: Labels, fx: Effects) -> None:
         """Series for a live workload, unless the store is full of live ones (then it is left out, said once
         when that starts and once when every workload has its series again)."""
-        if self.store.seen(labels):
+        # A delegated subtree's workloads (trusted by the operator, else one) never take the room kept for the others.
+        room_kept = self.store.max_workloads // 4 if self.resolver.delegated(path) else 0
+        if self.store.seen(labels, room_kept):
+            self._rows[path] = (path, labels, self._identities[path])
             if self._over_cap:
                 self._over_cap.pop(path, None)
                 if not self._over_cap:
@@ -421,6 +442,7 @@ class Pipeline:
                                            "are not exported (oomwatch_workloads_over_cap, /healthz); their kills "
                                            "are still in /incidents and the events file"))
         self._over_cap[path] = None
+        self._rows.pop(path, None)
 
     def _forked(self, event: ProcessForked, fx: Effects) -> None:
         self.node.process_forked(event.parent, event.parent_task, event.child)

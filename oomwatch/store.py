@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional
 
+from oomwatch.cowmap import CowMap
 from oomwatch.deaths import CAUSES
 from oomwatch.holders import MEMORY_TYPES, memory_by_type
 from oomwatch.model import Incident
@@ -62,7 +63,7 @@ class WorkloadCounters:
 class Snapshot:
     """Everything a sink may show, copied under the lock."""
 
-    workloads: dict[Labels, WorkloadCounters]
+    workloads: Mapping[Labels, WorkloadCounters]  # (a cowmap.FrozenMap: taken in constant time, never changed)
     node_kills: dict[tuple[str, str], int]
     incidents: tuple[dict[str, Any], ...]
     kmsg_records: int
@@ -89,7 +90,13 @@ class Store:
         self._dropped = 0  # workloads whose series were dropped to stay under max_workloads
         self._clock = clock
         self.grace_seconds = grace_seconds
-        self._workloads: dict[Labels, WorkloadCounters] = {}
+        # Counters a snapshot holds are never changed: a change replaces them (`_own`). `_private`: labels whose
+        # counters no snapshot holds yet. `_gone_order`: (gone_since, labels) as workloads went, oldest first (an
+        # entry whose workload came back or went again since is skipped), so that expiring and the cap cost what
+        # they drop, not what is kept.
+        self._workloads: CowMap = CowMap()
+        self._private: set[Labels] = set()
+        self._gone_order: deque[tuple[float, Labels]] = deque()
         self._node_kills = {(k, s): 0 for k in KINDS for s in SCOPES}
         self._incidents: deque[dict[str, Any]] = deque(maxlen=max_incidents)
         self._keys: deque[list] = deque(maxlen=max(10_000, max_incidents))
@@ -132,13 +139,12 @@ class Store:
                 victim_cgroup, count = None, count - 1
             roles.extend(["collateral"] * count)
         for labels, roles in by_labels.items():
-            counters = self._workloads.get(labels)
-            if counters is None:
+            if labels not in self._workloads:
                 # Known only from the log (a replayed log, a cgroup already gone): its series expire after
                 # the grace period like those of a workload that went away.
-                counters = self._workloads[labels] = WorkloadCounters(gone_since=self._clock())
-                self._gone_at(self._clock())
+                self._new(labels, gone_since=self._clock())
                 self._cap()
+            counters = self._own(labels)
             kills, killed = dict(counters.kills), dict(counters.killed)
             kills[incident.kind] += 1
             for role in roles:
@@ -150,6 +156,7 @@ class Store:
             counters.last_kill = max(counters.last_kill or 0.0, incident.time)
             if counters.gone_since is not None:
                 counters.gone_since = self._clock()  # an incident keeps a gone workload visible a while
+                self._went(labels, counters.gone_since)
         self._node_kills[(incident.kind, incident.scope)] += 1
         self._incidents.append(incident.to_json())
         if incident.evidence != "kmsg":
@@ -174,13 +181,13 @@ class Store:
         self._death_keys.append(list(key))
         self._death_key_set.add(key)
         if labels is not None:
-            counters = self._workloads.get(labels)
-            if counters is None:  # its cgroup already gone: kept visible for the grace period
-                counters = self._workloads[labels] = WorkloadCounters(gone_since=self._clock())
-                self._gone_at(self._clock())
+            if labels not in self._workloads:  # its cgroup already gone: kept visible for the grace period
+                self._new(labels, gone_since=self._clock())
                 self._cap()
-            elif counters.gone_since is not None:
+            counters = self._own(labels)
+            if counters.gone_since is not None:
                 counters.gone_since = self._clock()
+                self._went(labels, counters.gone_since)
             deaths = dict(counters.deaths)
             deaths[cause] += 1
             counters.deaths = deaths
@@ -193,42 +200,79 @@ class Store:
         self._keys.append(list(key))
         self._key_set.add(key)
 
-    def seen(self, labels: Labels) -> bool:
+    def seen(self, labels: Labels, room_kept: int = 0) -> bool:
         """A live workload: its counters exist (at 0 before its first kill) and it is not gone. False when the
-        store is full of live workloads (max_workloads): this one gets no series, and the caller says so."""
+        store is full of live workloads (max_workloads, less `room_kept`: room no delegated subtree may take, kept
+        for the others): this one gets no series, and the caller says so."""
         counters = self._workloads.get(labels)
         if counters is None:
-            if len(self._workloads) >= self.max_workloads and not self._drop_oldest_gone():
+            if len(self._workloads) >= self.max_workloads - room_kept and not self._drop_oldest_gone():
                 return False
-            counters = self._workloads[labels] = WorkloadCounters()
-        counters.gone_since = None
+            self._new(labels)
+        elif counters.gone_since is not None:
+            self._own(labels).gone_since = None
         return True
 
+    def _new(self, labels: Labels, gone_since: Optional[float] = None) -> WorkloadCounters:
+        counters = self._workloads[labels] = WorkloadCounters(gone_since=gone_since)
+        self._private.add(labels)
+        if gone_since is not None:
+            self._went(labels, gone_since)
+        return counters
+
+    def _own(self, labels: Labels) -> WorkloadCounters:
+        """A workload's counters, to change: a copy of them when a snapshot holds them (a snapshot never changes)."""
+        c = self._workloads[labels]
+        if labels not in self._private:
+            c = self._workloads[labels] = WorkloadCounters(c.kills, c.killed, c.last_kill, c.gone_since,
+                                                           c.last_incident, c.last_memory, c.deaths)
+            self._private.add(labels)
+        return c
+
+    def _drop(self, labels: Labels) -> None:
+        del self._workloads[labels]
+        self._private.discard(labels)
+
+    def _went(self, labels: Labels, when: float) -> None:
+        """`labels` went (or was seen in an incident while gone) at `when`: in the gone order."""
+        self._gone_order.append((when, labels))
+        self._gone_at(when)
+        if len(self._gone_order) > 2 * len(self._workloads) + 1024:  # mostly entries skipped since: rebuilt
+            self._gone_order = deque(sorted((c.gone_since, k) for k, c in self._workloads.items()
+                                            if c.gone_since is not None))
+
+    def _oldest_gone(self) -> Optional[tuple[float, Labels]]:
+        """The gone order's first entry still true (entries of workloads back or gone again since are dropped)."""
+        order, workloads = self._gone_order, self._workloads
+        while order:
+            when, labels = order[0]
+            c = workloads.get(labels)
+            if c is not None and c.gone_since == when:
+                return order[0]
+            order.popleft()
+        return None
+
     def _drop_oldest_gone(self) -> bool:
-        oldest = min(((c.gone_since, labels) for labels, c in self._workloads.items() if c.gone_since is not None),
-                     default=None)
+        oldest = self._oldest_gone()
         if oldest is None:
             return False
-        del self._workloads[oldest[1]]
+        self._gone_order.popleft()
+        self._drop(oldest[1])
         self._dropped += 1
         return True
 
     def _cap(self) -> None:
         """At most `max_workloads` series sets (a node running short-lived Slurm steps, Jobs or systemd scopes
         for weeks): beyond it, the workloads gone longest are dropped first, and counted."""
-        excess = len(self._workloads) - self.max_workloads
-        if excess <= 0:
-            return
-        gone = sorted((c.gone_since, labels) for labels, c in self._workloads.items() if c.gone_since is not None)
-        for _, labels in gone[:excess]:
-            del self._workloads[labels]
-            self._dropped += 1
+        for _ in range(len(self._workloads) - self.max_workloads):
+            if not self._drop_oldest_gone():
+                return
 
     def gone(self, labels: Labels) -> None:
         counters = self._workloads.get(labels)
         if counters is not None and counters.gone_since is None:
-            counters.gone_since = self._clock()
-            self._gone_at(counters.gone_since)
+            self._own(labels).gone_since = self._clock()
+            self._went(labels, self._clock())
 
     def forget_unused(self, labels: Labels) -> None:
         """Drop a workload's series if nothing was ever counted for it (its labels were provisional: a pod
@@ -236,18 +280,20 @@ class Store:
         c = self._workloads.get(labels)
         if (c is not None and c.last_kill is None and not any(c.kills.values()) and not any(c.killed.values())
                 and not any(c.deaths.values())):
-            del self._workloads[labels]
+            self._drop(labels)
 
     def expire(self) -> int:
         """Drop workloads gone for longer than the grace period; returns how many."""
-        now = self._clock()
-        dead = [labels for labels, c in self._workloads.items()
-                if c.gone_since is not None and now - c.gone_since >= self.grace_seconds]
-        for labels in dead:
-            del self._workloads[labels]
-        self._expires_at = min((c.gone_since for c in self._workloads.values() if c.gone_since is not None),
-                               default=None)
-        return len(dead)
+        now, dead = self._clock(), 0
+        while True:
+            oldest = self._oldest_gone()
+            if oldest is None or now - oldest[0] < self.grace_seconds:
+                break
+            self._gone_order.popleft()
+            self._drop(oldest[1])
+            dead += 1
+        self._expires_at = oldest[0] if oldest is not None else None
+        return dead
 
     def next_expiry(self) -> Optional[float]:
         """When the first gone workload's grace period ends (None: none is gone)."""
@@ -272,10 +318,9 @@ class Store:
     # --- reads -------------------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
+        self._private = set()  # every counter is the snapshot's now
         return Snapshot(
-            workloads={k: WorkloadCounters(v.kills, v.killed, v.last_kill, v.gone_since, v.last_incident,
-                                           v.last_memory, v.deaths)
-                       for k, v in self._workloads.items()},
+            workloads=self._workloads.frozen(),
             node_kills=dict(self._node_kills),
             incidents=tuple(self._incidents),
             kmsg_records=self._kmsg["records"],
@@ -374,7 +419,10 @@ class Store:
             v.expect(isinstance(k, list) and len(k) == 4 and all(isinstance(x, (str, int, float)) for x in k),
                      f"death key {k!r}")
             death_keys.append(tuple(k))
-        self._workloads = workloads
+        self._workloads = CowMap(workloads.items())
+        self._private = set(workloads)
+        self._gone_order = deque(sorted((c.gone_since, k) for k, c in workloads.items() if c.gone_since is not None))
+        self._expires_at = self._gone_order[0][0] if self._gone_order else None
         self._node_kills = node
         self._buckets, self._lat_count, self._lat_sum = list(buckets), lat["count"], float(lat["sum"])
         self._kmsg = {k: kmsg.get(k, 0) for k in ("records", "lost", "parse_errors", "rejected")}

@@ -58,8 +58,8 @@ def test_web_config_secret_is_mounted_and_probes_and_scrapes_use_https() -> None
     assert mount == {"name": "web-config", "mountPath": "/etc/oomwatch/web", "readOnly": True}
     volumes = one(objects, "DaemonSet")["spec"]["template"]["spec"]["volumes"]
     assert next(v for v in volumes if v["name"] == "web-config")["secret"]["secretName"] == "oomwatch-web"
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics", "scheme": "HTTPS"}
+    for probe, path in (("readinessProbe", "/healthz"), ("livenessProbe", "/livez")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "metrics", "scheme": "HTTPS"}
     endpoint = one(objects, "ServiceMonitor")["spec"]["endpoints"][0]
     assert endpoint["scheme"] == "https" and endpoint["tlsConfig"] == {"serverName": "oomwatch"}
 

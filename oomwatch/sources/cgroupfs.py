@@ -175,13 +175,19 @@ class CgroupFS:
     def read_local_events(self, path: str) -> tuple[Optional[int], Optional[dict[str, int]]]:
         """(inode of the cgroup directory, memory.events.local); (None, None) when the cgroup is gone. The
         inode tells a cgroup made again under the same path (a restarted systemd unit) from the old one."""
+        st, local = self.read_dir_and_local_events(path)
+        return (st.st_ino if st is not None else None), local
+
+    def read_dir_and_local_events(self, path: str) -> tuple[Optional[os.stat_result], Optional[dict[str, int]]]:
+        """The cgroup directory's stat (its inode, and its owner: who may create cgroups below it) and
+        memory.events.local; (None, None) when the cgroup is gone."""
         base = self.abspath(path)
         try:
-            ino = os.stat(base).st_ino
+            st = os.stat(base)
         except OSError:
             return None, None
         file = f"{base}/memory.events.local"
-        return ino, self.parsed_events(file, cat(file))
+        return st, self.parsed_events(file, cat(file))
 
     def memory_event_fields(self) -> tuple[str, ...]:
         """Which memory.events keys this kernel has (`oom_group_kill` needs 5.17): read from the first
@@ -342,11 +348,6 @@ class CgroupWatcher:
                          f"e.g. {example}")
         return "; ".join(parts) or None
 
-    @property
-    def watches(self) -> int:
-        """The inotify watches held (each counts against fs.inotify.max_user_watches)."""
-        return sum(map(len, self._wd_path))
-
     def unwatched_counts(self) -> dict[str, int]:
         """Cgroups not fully watched now, by reason (a gauge)."""
         return {"inotify_watches": len(self._starved), "unreadable": len(self._unreadable)}
@@ -355,7 +356,7 @@ class CgroupWatcher:
 
     def start_watching(self) -> list[str]:
         """Watch the whole tree; returns the cgroups found (the caller's initial state)."""
-        found = [path for path in self.fs.walk(on_error=self._listing_failed) if self.watch(path)]
+        found = [path for path in self.fs.walk(on_error=self._listing_failed) if self._watch(path)]
         self._say()
         return found
 
@@ -363,9 +364,8 @@ class CgroupWatcher:
         if path in self._known:
             self._refused(path, _DIR, f"{self.fs.abspath(path)} (listing)", exc)
 
-    def watch(self, path: str) -> bool:
-        """Watch a cgroup and record it as known (the loop does for each cgroup it finds); False when it is gone
-        already."""
+    def _watch(self, path: str) -> bool:
+        """Watch a cgroup and record it as known; False when it is gone already."""
         flags = self._flags
         base = self.fs.abspath(path)
         try:
@@ -433,9 +433,8 @@ class CgroupWatcher:
             self.unreadable_errors += 1
             self._unreadable[path] = f"{name}: {exc.strerror or exc}"
 
-    def forget(self, path: str) -> list[str]:
-        """Drop `path` and its subtree, their watches freed (the loop does when a cgroup's directory is removed);
-        returns the cgroups dropped, parents first."""
+    def _forget(self, path: str) -> list[str]:
+        """Drop `path` and its subtree (parents first)."""
         gone = self.subtree(path)
         parent = _parent(path)
         if gone and parent is not None:
@@ -501,10 +500,10 @@ class CgroupWatcher:
                 events_changed: dict[str, None] = {}
                 populated: dict[str, None] = {}
                 limits: dict[str, None] = {}
+                overflowed = False
                 for event in self._inotify.read(timeout=0):
                     if event.mask & flags.Q_OVERFLOW:
-                        log.warning("inotify queue overflowed; re-reading the cgroup tree")
-                        self._resync()
+                        overflowed = True  # one rescan for the batch, after its events (it sees what they said)
                         continue
                     watched = self._watched(event.wd)
                     if watched is None:
@@ -516,7 +515,7 @@ class CgroupWatcher:
                              else limits)[path] = None
                         continue
                     if event.mask & flags.DELETE_SELF:
-                        for p in self.forget(path):
+                        for p in self._forget(path):
                             self._call(self.on_removed, p)
                         continue
                     if not event.mask & flags.ISDIR:
@@ -525,7 +524,7 @@ class CgroupWatcher:
                     if event.mask & (flags.CREATE | flags.MOVED_TO):
                         self._add_subtree(child)
                     elif event.mask & (flags.DELETE | flags.MOVED_FROM):
-                        for p in self.forget(child):
+                        for p in self._forget(child):
                             self._call(self.on_removed, p)
                 for path in events_changed:
                     if path in self._known:  # not removed in the same batch
@@ -536,6 +535,9 @@ class CgroupWatcher:
                 for path in limits:
                     if path in self._known:
                         self._call(self.on_limits, path)
+                if overflowed:
+                    log.warning("inotify queue overflowed; re-reading the cgroup tree")
+                    self._resync(events_changed)
                 if self._freed and self._starved:
                     self._rewatch()
                 self._freed = False
@@ -559,19 +561,24 @@ class CgroupWatcher:
         sub_fs = CgroupFS(self.fs.abspath(path))
         for sub in sub_fs.walk(on_error=lambda p, exc: self._listing_failed(path if p == "/" else path + p, exc)):
             full = path if sub == "/" else path + sub
-            if full not in self._known and self.watch(full):
+            if full not in self._known and self._watch(full):
                 self._call(self.on_added, full)
 
-    def _resync(self) -> None:
+    def _resync(self, read_already: Optional[dict[str, None]] = None) -> None:
+        """After an overflow: the tree listed again (cgroups made and removed meanwhile), and the memory.events of
+        every cgroup re-read (a counter that moved while its event was dropped is a kill to count)."""
         self.on_resync()
         present = set(self.fs.walk(on_error=self._listing_failed))
         for path in list(self._known):
             if path not in present:
-                for p in self.forget(path):
+                for p in self._forget(path):
                     self._call(self.on_removed, p)
         for path in sorted(present):
-            if path not in self._known and self.watch(path):
+            if path not in self._known and self._watch(path):
                 self._call(self.on_added, path)
+        for path in list(self._known):
+            if path != "/" and path not in (read_already or ()):
+                self._call(self.on_events, path)
         if self._starved:
             self._rewatch()
 
@@ -654,7 +661,7 @@ class CgroupWatcher:
             with os.scandir(base) as it:
                 names = {e.name for e in it if e.is_dir(follow_symlinks=False)}
         except (FileNotFoundError, NotADirectoryError):
-            for p in self.forget(path):
+            for p in self._forget(path):
                 self._call(self.on_removed, p)
             return
         except OSError as exc:  # unreadable
@@ -663,7 +670,7 @@ class CgroupWatcher:
         prefix = "" if path == "/" else path
         present = {f"{prefix}/{name}" for name in names}
         for child in sorted(self._children.get(path, set()) - present):
-            for p in self.forget(child):
+            for p in self._forget(child):
                 self._call(self.on_removed, p)
         for child in sorted(present):
             if child not in self._known:

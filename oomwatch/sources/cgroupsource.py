@@ -108,12 +108,13 @@ class CgroupSource:
     # --- watcher callbacks (the watcher's thread) -----------------------------------------------------------
 
     def _added(self, path: str) -> None:
-        ino, local = self.fs.read_local_events(path)
+        st, local = self.fs.read_dir_and_local_events(path)
         if local is not None:
             self._last_local[path] = tuple(local.get(k, 0) for k in _COUNTERS)
         oom_group, limited = self._limits_of(path)
-        self._emit(CgroupAdded(path, ino, local, oom_group, limited, self._pids(path), self._names(path),
-                               oomd_marks(self.fs.abspath(path))[0]))
+        self._emit(CgroupAdded(path, st.st_ino if st is not None else None, local, oom_group, limited,
+                               self._pids(path), self._names(path), oomd_marks(self.fs.abspath(path))[0],
+                               st.st_uid if st is not None else None))
 
     def _removed(self, path: str) -> None:
         if self.stat_cache is not None:

@@ -216,6 +216,8 @@ class PodIndex:
         self._synced = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._warned = False
+        # Told after each change (the pods' UIDs; None: a whole list): identities resolved before lack its names.
+        self.on_pods: Callable[[Optional[frozenset]], None] = lambda uids: None
 
     @classmethod
     def from_environment(cls, node_name: Optional[str] = None, **kwargs: Any) -> Optional["PodIndex"]:
@@ -245,6 +247,7 @@ class PodIndex:
             else:
                 self._deleted_at.pop(info.uid, None)
             self._expire(now)
+        self.on_pods(frozenset((info.uid,)))
 
     def replace_all(self, pods: list[Mapping[str, Any]]) -> None:
         """A fresh list: pods missing from it are treated as deleted now (kept for the retention time)."""
@@ -259,6 +262,7 @@ class PodIndex:
                 self._pods[info.uid] = info
                 self._deleted_at.pop(info.uid, None)
             self._expire(now)
+        self.on_pods(None)
 
     def _expire(self, now: float) -> None:
         for uid, deleted_at in list(self._deleted_at.items()):

@@ -8,6 +8,13 @@ fills what is still unknown, so a saved log replayed on a laptop still gets its 
 Which paths are Kubernetes' is the node's `CgroupLayout` (the kubelet's cgroupRoot): names are looked up
 only for those, so a path spelt like a pod's elsewhere never gets a real pod's names (docs/contract.md,
 "Identity").
+
+Who may create a cgroup decides whether it is a workload of its own (docs/contract.md, "Identity"): a subtree
+given to a user (its directory owned by someone other than the owner of the cgroup root: `user@UID.service`,
+a rootless runtime, what `systemd-run --user` makes below them) is ONE workload at its delegation root, unless
+the operator trusts delegated subtrees (`trust_delegated`). Kubernetes' and Slurm's cgroups are identified by
+their place below the kubelet's root and slurmd's scope, whoever owns them. The live agent learns owners from
+the tree (`owned`); a saved log replayed without a tree names units as its paths spell them.
 """
 
 from __future__ import annotations
@@ -28,14 +35,55 @@ class WorkloadResolver:
 
     def __init__(
         self, runtime_names: Optional[RuntimeNames] = None, pod_index: Optional[PodIndex] = None, *,
-        layout: CgroupLayout = DEFAULT_LAYOUT,
+        layout: CgroupLayout = DEFAULT_LAYOUT, trust_delegated: bool = False,
     ) -> None:
         self.runtime_names = runtime_names
         self.pod_index = pod_index
         self.layout = layout
-        self.identify = layout.identify
         self.kubepods_level = layout.kubepods_level
         self.scope_of = layout.scope_of
+        self.trust_delegated = trust_delegated
+        self._root_owner = 0  # the cgroup root's owner (not 0 in a user namespace that does not map root)
+        self._delegated: set[str] = set()  # delegation roots: owned by another user than the root's, parent not
+
+    def owned(self, cgroup_path: str, owner: Optional[int]) -> None:
+        """The directory of `cgroup_path` (found now, parents before children) is owned by uid `owner` (None:
+        unknown, gone): a delegation root when that is not the cgroup root's owner and no ancestor is one."""
+        if owner is None:
+            return
+        if cgroup_path == "/":
+            self._root_owner = owner
+        elif owner != self._root_owner and self.delegation_root(cgroup_path) is None:
+            self._delegated.add(cgroup_path)
+
+    def removed(self, cgroup_path: str) -> None:
+        self._delegated.discard(cgroup_path)
+
+    def delegation_root(self, cgroup_path: str) -> Optional[str]:
+        """The delegated subtree's root `cgroup_path` is in (itself included), or None."""
+        if not self._delegated:
+            return None
+        path = cgroup_path
+        while len(path) > 1:
+            if path in self._delegated:
+                return path
+            path = path.rsplit("/", 1)[0] or "/"
+        return None
+
+    def identify(self, cgroup_path: str) -> Workload:
+        """What the cgroup at `cgroup_path` is (CgroupLayout.identify): in a delegated subtree that is not trusted,
+        a systemd unit or other cgroup is its delegation root's workload."""
+        workload = self.layout.identify(cgroup_path)
+        if self.trust_delegated or workload.type not in ("systemd", "other"):
+            return workload
+        root = self.delegation_root(workload.cgroup)
+        if root is None or root == workload.cgroup:
+            return workload
+        return self.layout.identify(root)  # (the root's unit, or a unit above it holding the whole subtree)
+
+    def delegated(self, cgroup_path: str) -> bool:
+        """A workload in a subtree a user was given (the cap keeps room for the others)."""
+        return self.delegation_root(cgroup_path) is not None
 
     def resolve(self, cgroup_path: str) -> Workload:
         """The workload of a cgroup, with every name the node and the API server can give."""
@@ -99,4 +147,5 @@ class WorkloadResolver:
         if workload.container_id is None or workload.cgroup != normalize(cgroup_path):
             return None  # a crun `container`/`exec` child: its container was remembered already
         return self.runtime_names.remember(workload.container_id)
+
 
