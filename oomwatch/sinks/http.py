@@ -1,6 +1,6 @@
-"""HTTP: `/metrics` (Prometheus text, or OpenMetrics when asked), `/healthz`, `/incidents` (JSON array, newest
-last), served by the bounded single-thread server in httpserver.py, with the optional TLS and auth of
-webconfig.py on every route but `/healthz` (the kubelet's probes carry no credentials)."""
+"""HTTP: `/metrics` (Prometheus text, or OpenMetrics when asked), `/healthz` (readiness), `/livez` (liveness),
+`/incidents` (JSON array, newest last), served by the bounded single-thread server in httpserver.py, with the
+optional TLS and auth of webconfig.py on every route but the probes' (the kubelet's probes carry no credentials)."""
 
 from __future__ import annotations
 
@@ -147,6 +147,9 @@ class HttpSink:
         if request.path == "/healthz":
             ok, detail = self._health()
             return Response(200 if ok else 503, _JSON, json.dumps(detail).encode() + b"\n", self._headers)
+        if request.path == "/livez":  # the liveness probe's: answered while the process serves, whatever /healthz
+            # says (starting, over the cap, blind: a restart mends none of those)
+            return Response(200, _JSON, b'{"live": "ok"}\n', self._headers)
         if self._client_sans is not None and not client_cert_allowed(request.peer_cert, self._client_sans):
             return Response(403, _TEXT, b"a client certificate signed by client_ca_file is required\n",
                             self._headers)
