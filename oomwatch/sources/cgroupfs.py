@@ -348,6 +348,11 @@ class CgroupWatcher:
                          f"e.g. {example}")
         return "; ".join(parts) or None
 
+    @property
+    def watches(self) -> int:
+        """The inotify watches held (each counts against fs.inotify.max_user_watches)."""
+        return sum(map(len, self._wd_path))
+
     def unwatched_counts(self) -> dict[str, int]:
         """Cgroups not fully watched now, by reason (a gauge)."""
         return {"inotify_watches": len(self._starved), "unreadable": len(self._unreadable)}
@@ -356,7 +361,7 @@ class CgroupWatcher:
 
     def start_watching(self) -> list[str]:
         """Watch the whole tree; returns the cgroups found (the caller's initial state)."""
-        found = [path for path in self.fs.walk(on_error=self._listing_failed) if self._watch(path)]
+        found = [path for path in self.fs.walk(on_error=self._listing_failed) if self.watch(path)]
         self._say()
         return found
 
@@ -364,8 +369,9 @@ class CgroupWatcher:
         if path in self._known:
             self._refused(path, _DIR, f"{self.fs.abspath(path)} (listing)", exc)
 
-    def _watch(self, path: str) -> bool:
-        """Watch a cgroup and record it as known; False when it is gone already."""
+    def watch(self, path: str) -> bool:
+        """Watch a cgroup and record it as known (the loop does for each cgroup it finds); False when it is gone
+        already."""
         flags = self._flags
         base = self.fs.abspath(path)
         try:
@@ -433,8 +439,9 @@ class CgroupWatcher:
             self.unreadable_errors += 1
             self._unreadable[path] = f"{name}: {exc.strerror or exc}"
 
-    def _forget(self, path: str) -> list[str]:
-        """Drop `path` and its subtree (parents first)."""
+    def forget(self, path: str) -> list[str]:
+        """Drop `path` and its subtree, their watches freed (the loop does when a cgroup's directory is removed);
+        returns the cgroups dropped, parents first."""
         gone = self.subtree(path)
         parent = _parent(path)
         if gone and parent is not None:
@@ -515,7 +522,7 @@ class CgroupWatcher:
                              else limits)[path] = None
                         continue
                     if event.mask & flags.DELETE_SELF:
-                        for p in self._forget(path):
+                        for p in self.forget(path):
                             self._call(self.on_removed, p)
                         continue
                     if not event.mask & flags.ISDIR:
@@ -524,7 +531,7 @@ class CgroupWatcher:
                     if event.mask & (flags.CREATE | flags.MOVED_TO):
                         self._add_subtree(child)
                     elif event.mask & (flags.DELETE | flags.MOVED_FROM):
-                        for p in self._forget(child):
+                        for p in self.forget(child):
                             self._call(self.on_removed, p)
                 for path in events_changed:
                     if path in self._known:  # not removed in the same batch
@@ -561,7 +568,7 @@ class CgroupWatcher:
         sub_fs = CgroupFS(self.fs.abspath(path))
         for sub in sub_fs.walk(on_error=lambda p, exc: self._listing_failed(path if p == "/" else path + p, exc)):
             full = path if sub == "/" else path + sub
-            if full not in self._known and self._watch(full):
+            if full not in self._known and self.watch(full):
                 self._call(self.on_added, full)
 
     def _resync(self, read_already: Optional[dict[str, None]] = None) -> None:
@@ -571,10 +578,10 @@ class CgroupWatcher:
         present = set(self.fs.walk(on_error=self._listing_failed))
         for path in list(self._known):
             if path not in present:
-                for p in self._forget(path):
+                for p in self.forget(path):
                     self._call(self.on_removed, p)
         for path in sorted(present):
-            if path not in self._known and self._watch(path):
+            if path not in self._known and self.watch(path):
                 self._call(self.on_added, path)
         for path in list(self._known):
             if path != "/" and path not in (read_already or ()):
@@ -661,7 +668,7 @@ class CgroupWatcher:
             with os.scandir(base) as it:
                 names = {e.name for e in it if e.is_dir(follow_symlinks=False)}
         except (FileNotFoundError, NotADirectoryError):
-            for p in self._forget(path):
+            for p in self.forget(path):
                 self._call(self.on_removed, p)
             return
         except OSError as exc:  # unreadable
@@ -670,7 +677,7 @@ class CgroupWatcher:
         prefix = "" if path == "/" else path
         present = {f"{prefix}/{name}" for name in names}
         for child in sorted(self._children.get(path, set()) - present):
-            for p in self._forget(child):
+            for p in self.forget(child):
                 self._call(self.on_removed, p)
         for child in sorted(present):
             if child not in self._known:
