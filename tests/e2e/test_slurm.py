@@ -1,9 +1,10 @@
 """Real Slurm on a real kernel (its own VM boot, tests/e2e/guest/slurm.py): Debian's munged, slurmctld and slurmd
-(Slurm 22.05, cgroup/v2, task/cgroup, ConstrainRAMSpace=yes) run four jobs past their --mem; slurmd and
-slurmstepd make every job's cgroups. oomwatch, started before them, must name each kill's job, step, user and
-processes, count exactly what the step cgroups' memory.events count, agree with what Slurm itself reports
-(JobState=OUT_OF_MEMORY, slurmstepd's "Detected N oom-kill event(s)") and write its explanation into the job's
-AdminComment, which the real `scontrol show job` shows to root and to the job's owner.
+(Slurm 22.05, cgroup/v2, task/cgroup, ConstrainRAMSpace=yes), with slurmdbd and a MariaDB server for accounting,
+run four jobs past their --mem; slurmd and slurmstepd make every job's cgroups. oomwatch, started before them,
+must name each kill's job, step, user and processes, count exactly what the step cgroups' memory.events count,
+agree with what Slurm itself reports (JobState=OUT_OF_MEMORY, slurmstepd's "Detected N oom-kill event(s)") and
+write its explanation into the job's AdminComment, which the real `scontrol show job` shows to root and to the
+job's owner, and `sacct` (from slurmdbd's database) shows the owner with the job's and the step's OUT_OF_MEMORY.
 
 Run alone: .venv/bin/pytest -m e2e tests/e2e/test_slurm.py -s   (OOMWATCH_SLURM_RUN=<dir> reuses a run)
 """
@@ -33,7 +34,10 @@ JOBS = ["single_task", "multi_task", "batch", "forked_workers"]
 # refuses any change to an ended job: whether the agent wrote in time is a race, and both outcomes are checked.
 STILL_RUNNING = {"multi_task", "batch", "forked_workers"}
 USER, UID = "alice", 2001
-MEMORY_MIB = 1024  # the jobs' limits (up to 160 MiB) and the daemons beside the agent
+MEMORY_MIB = 1280  # the jobs' limits (up to 160 MiB), the daemons beside the agent and MariaDB
+# boot, MariaDB's first start and slurmdbd's tables (~75 s on a loaded 2-core host), four jobs (~30 s each, up to
+# 100 s on a loaded host) and the accounting: room for a slower host
+VM_TIMEOUT = 840
 MIB = {"64M": 64, "96M": 96, "160M": 160}  # the jobs' --mem
 TAG = re.compile(r"\[oomwatch \d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ #[0-9a-f]{8}\]")
 
@@ -54,7 +58,7 @@ def slurm() -> dict:
                 "--agent", str(vm.VENV / "bin" / "oomwatch")]
         compiling = vm.compile_python()
         try:
-            result = vm.run_guest(vm_env, argv, run_dir, memory_mib=MEMORY_MIB)
+            result = vm.run_guest(vm_env, argv, run_dir, memory_mib=MEMORY_MIB, timeout=VM_TIMEOUT)
         except vm.VMUnavailable as e:
             pytest.fail(f"the end-to-end VM cannot run on this machine: {e}", pytrace=False)
         finally:
@@ -114,10 +118,14 @@ def test_slurm_ran_and_made_the_jobs_cgroups(slurm) -> None:
     started = slurm["slurm"]
     assert started["munged"]["rc"] == 0 and "Success" in started["munge_check"]["stdout"]
     assert started["slurmctld"]["rc"] == 0 and started["slurmd"]["rc"] == 0
+    assert started["database"]["ping"]["rc"] == 0 and started["database"]["grants"]["rc"] == 0
+    assert started["accounting"]["slurmdbd"]["rc"] == 0 and started["accounting"]["cluster"]["rc"] == 0
+    assert f"oomwatch|oomwatch|{USER}" in started["accounting"]["associations"]["stdout"].split()
     assert started["node_state"] == "idle"
     slurmd_log = (slurm["dir"] / "slurm" / "slurmd.log").read_text(errors="replace")
     assert "is not enabled" not in slurmd_log and "cgroup controller is not available" not in slurmd_log
-    print(f"\nslurm: {started['versions']['slurmd']}, node idle {started['seconds']:.1f} s after munged started")
+    print(f"\nslurm: {started['versions']['slurmd']}, {started['versions']['slurmdbd']}, "
+          f"{started['database']['version']}; node idle {started['seconds']:.1f} s after munged started")
     scope = re.compile(r"^/system\.slice/(?:[\w.-]+_)?slurmstepd\.scope/job_(\d+)/step_[\w]+(/.*)?$")
     for rec in slurm["jobs"]:
         made = [c for c in rec["cgroups"] if scope.match(c)]
@@ -223,3 +231,29 @@ def test_the_explanation_is_in_the_jobs_admin_comment(slurm, name: str) -> None:
         assert inc["explanation"].replace("'", "").replace('"', "") in root_view
     assert len(TAG.findall(root_view)) == len(rec["agent_incidents"])
     print(f"\nslurm: {name}: scontrol show job {rec['job_id']}: AdminComment={root_view}")
+
+
+@pytest.mark.parametrize("name", JOBS)
+def test_sacct_shows_the_owner_the_out_of_memory_job_and_step_and_the_explanation(slurm, name: str) -> None:
+    """What a Slurm user looks at after the job: `sacct -j JOB` from slurmdbd's database, as the job's owner runs
+    it. Slurm 22.05 gives the job and the step the kernel killed in OUT_OF_MEMORY; the job's AdminComment is the
+    one slurmctld had (the agent's explanation, or nothing where the job ended before the agent wrote)."""
+    rec = job(slurm, name)
+    owner, root = rec["sacct_owner"], rec["sacct_root"]
+    assert owner["rc"] == 0 and owner["rows"], owner
+    assert owner["rows"] == root["rows"]  # the owner sees what root sees of the job
+    rows = {r["JobID"]: r for r in owner["rows"]}
+    job_row, step_row = rows.get(rec["job_id"]), rows.get(f"{rec['job_id']}.{rec['spec']['step']}")
+    assert job_row is not None and step_row is not None, owner["stdout"]
+    assert (job_row["User"], job_row["JobName"]) == (USER, rec["job_name"])
+    assert (job_row["State"], step_row["State"]) == ("OUT_OF_MEMORY", "OUT_OF_MEMORY"), owner["stdout"]
+    comment = admin_comment(rec["scontrol_root"]["stdout"])
+    assert job_row["AdminComment"] == (comment or ""), (job_row["AdminComment"], comment)
+    assert all(r["AdminComment"] == "" for r in owner["rows"] if r is not job_row)  # steps have none
+    if comment is not None:
+        for inc in rec["agent_incidents"]:
+            assert f"#{entry_for(inc)}] " in job_row["AdminComment"]
+            assert inc["explanation"].replace("'", "").replace('"', "") in job_row["AdminComment"]
+    print(f"\nslurm: {name}: sacct -j {rec['job_id']} (as {USER}, {root['waited']} s after the job): "
+          + "; ".join(f"{r['JobID']} {r['State']} {r['ExitCode']}" for r in owner["rows"])
+          + f"; AdminComment={job_row['AdminComment'] or '(none)'}")

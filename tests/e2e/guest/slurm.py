@@ -37,7 +37,10 @@ CG = driver.CG
 WORK = f"{driver.WORK}/slurm"
 USER, UID = "alice", 2001  # the jobs' owner, added to the guest's /etc/passwd (an overlay: the host's is untouched)
 HOME = f"{WORK}/home"
-JOBS_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm_jobs.py")
+# The jobs run as alice, who may not read the checkout (a clone under a 0700 home or `mktemp -d` directory): what
+# they run is copied into the guest's tmpfs, root's and world-readable, as a site installs a job's program.
+JOBS_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slurm_jobs.py")
+JOBS_PY = f"{WORK}/bin/slurm_jobs.py"
 PYTHON = "/usr/bin/python3"  # the guest's (the host's) python3 runs the jobs, as a user's job would
 # glibc's getaddrinfo(AI_ADDRCONFIG), as Slurm calls it, finds no IPv4 address while lo's 127.0.0.1 is the only
 # one ("Unable to resolve 127.0.0.1"): a documentation address on lo gives the guest one.
@@ -58,6 +61,15 @@ JOBS = [
     {"name": "forked_workers", "submit": "srun", "mem": "160M", "options": ["-n1"],
      "run": ["workers", "3", "60", "15"], "step": "0"},
 ]
+# Accounting: Debian's slurmdbd with a MariaDB server of the guest's own (its data on the guest's tmpfs, TCP on
+# 127.0.0.1 only), so that `sacct` shows the jobs as a cluster's users see them.
+DB_DIR = f"{WORK}/mysql"
+DB_SOCKET = f"{DB_DIR}/mysqld.sock"
+DB_PORT, DBD_PORT = 3306, 6819
+DB_USER, DB_PASSWORD, DB_NAME = "slurm", "oomwatch-e2e", "slurm_acct_db"
+ACCOUNT = "oomwatch"
+# what sacct prints per job and step; AdminComment last, so that a "|" in it cannot shift a field
+SACCT_FIELDS = "JobID,JobName,User,State,ExitCode,AdminComment"
 ENDED_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
                 "PREEMPTED", "DEADLINE")
 log = driver.log
@@ -103,7 +115,8 @@ def prepare(host: str) -> dict:
         f.write(f"{USER}:x:{UID}:{UID}:oomwatch e2e:{HOME}:/bin/sh\n")
     with open("/etc/group", "a") as f:
         f.write(f"{USER}:x:{UID}:\n")
-    for d, owner, mode in ((WORK, "root", 0o755), (f"{WORK}/etc", "root", 0o755), (f"{WORK}/state", "slurm", 0o755),
+    for d, owner, mode in ((driver.WORK, "root", 0o755), (WORK, "root", 0o755), (f"{WORK}/etc", "root", 0o755),
+                           (f"{WORK}/bin", "root", 0o755), (DB_DIR, "mysql", 0o755), (f"{WORK}/state", "slurm", 0o755),
                            (f"{WORK}/spool", "root", 0o755), (f"{WORK}/log", "slurm", 0o755),
                            (f"{WORK}/munge", "munge", 0o700), ("/run/munge", "munge", 0o755), (HOME, USER, 0o755)):
         os.makedirs(d, exist_ok=True)
@@ -127,7 +140,9 @@ SlurmdDebug=verbose
 ProctrackType=proctrack/cgroup
 TaskPlugin=task/cgroup
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={DBD_PORT}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 # the guest has one CPU; four let the two-task step run without oversubscribing
@@ -153,6 +168,32 @@ ConstrainCores=no
         with open(path, "w") as f:
             f.write(text)
         os.chmod(path, 0o644)
+    # slurmdbd reads slurmdbd.conf beside SLURM_CONF and refuses it unless SlurmUser owns it, mode 0600 (it holds
+    # the database password)
+    dbd_conf = f"""# oomwatch real-kernel tier: accounting, written by tests/e2e/guest/slurm.py
+AuthType=auth/munge
+DbdHost={host}
+DbdAddr=127.0.0.1
+DbdPort={DBD_PORT}
+SlurmUser=slurm
+DebugLevel=info
+LogFile={WORK}/log/slurmdbd.log
+PidFile={WORK}/log/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={DB_PORT}
+StorageUser={DB_USER}
+StoragePass={DB_PASSWORD}
+StorageLoc={DB_NAME}
+"""
+    path = f"{WORK}/etc/slurmdbd.conf"
+    with open(path, "w") as f:
+        f.write(dbd_conf)
+    shutil.chown(path, "slurm", "slurm")
+    os.chmod(path, 0o600)
+    conf["slurmdbd.conf"] = dbd_conf.replace(DB_PASSWORD, "<password>")
+    shutil.copyfile(JOBS_SOURCE, JOBS_PY)
+    os.chmod(JOBS_PY, 0o644)
     with open(f"{HOME}/batch.sh", "w") as f:
         f.write(BATCH_SCRIPT)
     os.chmod(f"{HOME}/batch.sh", 0o755)
@@ -161,17 +202,70 @@ ConstrainCores=no
     return facts
 
 
+def start_database() -> dict:
+    """A MariaDB server as Debian's package runs it (as mysql), with a data directory of its own on the tmpfs and
+    only the options a small node needs; then slurmdbd's database user, as Slurm's accounting guide makes it."""
+    facts: dict = {"t0": time.monotonic()}
+    server = ["--no-defaults", "--user=mysql", f"--datadir={DB_DIR}/data"]
+    facts["install_db"] = run(["mariadb-install-db", *server, "--auth-root-authentication-method=socket",
+                               "--skip-test-db"], timeout=300)
+    log(f"slurm: mariadb-install-db exit {facts['install_db']['rc']} in {facts['install_db']['seconds']:.1f}s")
+    err = open(f"{DB_DIR}/mariadbd.err", "ab")
+    facts["pid"] = subprocess.Popen(
+        ["/usr/sbin/mariadbd", *server, f"--socket={DB_SOCKET}", f"--pid-file={DB_DIR}/mariadbd.pid",
+         "--bind-address=127.0.0.1", f"--port={DB_PORT}", "--skip-name-resolve", "--skip-log-bin",
+         "--performance-schema=OFF", "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M",
+         # Slurm's accounting guide: slurmdbd's schema changes and purges hold locks for long
+         "--innodb-lock-wait-timeout=900"],
+        stdin=subprocess.DEVNULL, stdout=err, stderr=err, start_new_session=True).pid
+    client = ["mariadb", "--no-defaults", f"--socket={DB_SOCKET}", "-u", "root"]
+    end = time.monotonic() + 180
+    ping = run([*client, "-e", "SELECT 1"])
+    while ping["rc"] != 0 and time.monotonic() < end:
+        time.sleep(1)
+        ping = run([*client, "-e", "SELECT 1"])
+    facts["ping"] = ping
+    grants = "".join(f"CREATE USER '{DB_USER}'@'{h}' IDENTIFIED BY '{DB_PASSWORD}'; "
+                     f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'{h}'; " for h in ("localhost", "127.0.0.1"))
+    facts["grants"] = run([*client, "-e", grants])
+    facts["version"] = run(["/usr/sbin/mariadbd", "--version"])["stdout"].strip()
+    facts["seconds"] = time.monotonic() - facts["t0"]
+    log(f"slurm: MariaDB {'up' if ping['rc'] == 0 else 'NOT up'} after {facts['seconds']:.1f}s")
+    return facts
+
+
+def start_slurmdbd() -> dict:
+    """slurmdbd, then the cluster, an account and alice's association in it (sacctmgr, as an admin adds them)."""
+    facts: dict = {"t0": time.monotonic(), "slurmdbd": run(["/usr/sbin/slurmdbd"])}
+    # slurmdbd makes its tables before it listens: sacctmgr answers once it does
+    end = time.monotonic() + 240
+    facts["cluster"] = run(["sacctmgr", "-i", "add", "cluster", "oomwatch"])
+    while facts["cluster"]["rc"] != 0 and time.monotonic() < end:
+        time.sleep(2)
+        facts["cluster"] = run(["sacctmgr", "-i", "add", "cluster", "oomwatch"])
+    facts["account"] = run(["sacctmgr", "-i", "add", "account", ACCOUNT, "Cluster=oomwatch"])
+    facts["user"] = run(["sacctmgr", "-i", "add", "user", USER, f"Account={ACCOUNT}", "Cluster=oomwatch"])
+    facts["associations"] = run(["sacctmgr", "-n", "-P", "show", "associations", "format=Cluster,Account,User"])
+    facts["seconds"] = time.monotonic() - facts["t0"]
+    log(f"slurm: slurmdbd answered after {facts['seconds']:.1f}s: {facts['associations']['stdout'].split()}")
+    return facts
+
+
 def start_slurm(host: str) -> dict:
-    """munged, slurmctld, slurmd, as their packages' services would start them; then wait for the node."""
+    """munged, MariaDB, slurmdbd, slurmctld, slurmd, as their packages' services would start them; then wait for
+    the node."""
     facts: dict = {"t0": time.monotonic()}
     facts["munged"] = run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", f"--log-file={WORK}/munge/munged.log",
                            f"--pid-file={WORK}/munge/munged.pid", f"--seed-file={WORK}/munge/munged.seed"])
     facts["munge_check"] = run(["sh", "-c", "munge -n | unmunge"])
+    facts["database"] = start_database()
+    facts["accounting"] = start_slurmdbd()
     facts["slurmctld"] = run(["/usr/sbin/slurmctld"])
     facts["slurmd"] = run(["/usr/sbin/slurmd"])
     facts["node_state"] = wait_node_idle(host, 120)
     facts["seconds"] = time.monotonic() - facts["t0"]
-    facts["versions"] = {b: run([b, "--version"])["stdout"].strip() for b in ("slurmctld", "slurmd", "scontrol")}
+    facts["versions"] = {b: run([b, "--version"])["stdout"].strip()
+                         for b in ("slurmctld", "slurmd", "scontrol", "slurmdbd", "sacct")}
     facts["cgroups"] = {d: {"controllers": (driver.rfile(f"{CG}{d}/cgroup.controllers") or "").strip(),
                             "subtree_control": (driver.rfile(f"{CG}{d}/cgroup.subtree_control") or "").strip()}
                         for d in ["", "/system.slice", *(s[len(CG):] for s in scope_dirs())]}
@@ -264,6 +358,39 @@ def job_id_by_name(name: str) -> str | None:
 def job_state(job: str) -> str | None:
     m = re.search(r"\bJobState=(\S+)", run(["scontrol", "show", "job", job], timeout=20)["stdout"])
     return m.group(1) if m else None
+
+
+def admin_comment(scontrol_text: str) -> str:
+    m = re.search(r"^\s*AdminComment=(.*?) ?$", scontrol_text, re.MULTILINE)
+    return m.group(1) if m else ""
+
+
+def sacct(job: str, user: str | None = None) -> dict:
+    """`sacct -j JOB` as `user` (root when None): its output and its rows, one per job and step."""
+    r = run(["sacct", "-j", job, "--noheader", "--parsable2", f"--format={SACCT_FIELDS}"], timeout=30, user=user)
+    names = SACCT_FIELDS.split(",")
+    r["rows"] = [dict(zip(names, line.split("|", len(names) - 1))) for line in r["stdout"].splitlines() if line]
+    return r
+
+
+def accounting(rec: dict) -> None:
+    """What sacct shows of the job, once slurmdbd has it as slurmctld last had it: every row ended, and the job's
+    AdminComment the one `scontrol show job` showed (slurmctld sends both to slurmdbd as they change)."""
+    job = rec["job_id"]
+    want = admin_comment(rec["scontrol_root"]["stdout"])
+    end = time.monotonic() + 90
+    while True:
+        view = sacct(job)
+        rows = view["rows"]
+        ended = rows and all(r["State"].split()[0] in ENDED_STATES for r in rows)
+        stored = any(r["JobID"] == job and r["AdminComment"] == want for r in rows)
+        if (ended and stored) or time.monotonic() > end:
+            break
+        time.sleep(1)
+    view["waited"] = round(time.monotonic() - (end - 90), 1)
+    rec["sacct_root"] = view
+    rec["sacct_owner"] = sacct(job, user=USER)
+    log(f"  sacct -j {job} after {view['waited']}s: " + "; ".join(f"{r['JobID']} {r['State']}" for r in rows))
 
 
 def sink_lines(agent_log: str, job: str) -> list[str]:
@@ -413,20 +540,25 @@ def main() -> int:
                     result["errors"].append(f"{spec['name']}: {type(e).__name__}: {e}")
                     log(f"  ERROR in {spec['name']}: {e}")
                 driver.jdump(os.path.join(out, "slurm", "slurm.json"), result)
+            for rec in result["jobs"]:
+                if rec.get("job_id") and rec.get("scontrol_root"):
+                    accounting(rec)
     finally:
         tracker.stop_evt.set()
         result["metrics_final"] = ctx.agent.metrics()
         result["incidents_final"] = ctx.agent.incidents()
         run_rec["agent_stop"] = ctx.agent.stop()
         result["shutdown"] = run(["scontrol", "shutdown"], timeout=30)
-        munged_pid = (driver.rfile(f"{WORK}/munge/munged.pid") or "").strip()
-        if munged_pid.isdigit():
-            try:
-                os.kill(int(munged_pid), signal.SIGTERM)
-            except OSError:
-                pass
-        for path in (f"{WORK}/log/slurmctld.log", f"{WORK}/log/slurmd.log", f"{WORK}/munge/munged.log",
-                     f"{WORK}/etc/slurm.conf", f"{WORK}/etc/cgroup.conf"):
+        for pid_file in (f"{WORK}/log/slurmdbd.pid", f"{DB_DIR}/mariadbd.pid", f"{WORK}/munge/munged.pid"):
+            pid = (driver.rfile(pid_file) or "").strip()
+            if pid.isdigit():
+                try:
+                    os.kill(int(pid), signal.SIGTERM)
+                except OSError:
+                    pass
+        for path in (f"{WORK}/log/slurmctld.log", f"{WORK}/log/slurmd.log", f"{WORK}/log/slurmdbd.log",
+                     f"{WORK}/munge/munged.log", f"{DB_DIR}/mariadbd.err", f"{WORK}/etc/slurm.conf",
+                     f"{WORK}/etc/cgroup.conf"):
             if os.path.exists(path):
                 shutil.copy(path, os.path.join(out, "slurm", os.path.basename(path)))
         ctx.calib.append(ctx.kmsg.calibrate("calibrate end"))
