@@ -1,12 +1,14 @@
 """The cgroup watcher where inotify runs out or the agent may not read: every cgroup is still reported, what is
 not watched is said once, counted and exposed (`blind`, `unwatched_counts()`), and the tree is watched again when
 watches are freed. Real kernel errors: ENOSPC from a user namespace whose `user.max_inotify_watches` is small
-(the host's limit is untouched), EACCES from a child running as `nobody`. Removal costs what is removed."""
+(the host's limit is untouched), EACCES from a child that drops to a uid no process uses (so no other process
+holds that uid's inotify budget). Removal costs what is removed."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -126,6 +128,37 @@ def test_out_of_inotify_watches_every_cgroup_is_still_reported_said_once_and_wat
         "inotify watches: every cgroup is watched again"]
 
 
+def unused_uid() -> int:
+    """A uid no process on this machine has (real, effective, saved or filesystem): inotify's per-user budget
+    (`fs.inotify.max_user_instances`, `max_user_watches`) is charged per uid, and a uid another process also has
+    (nobody's, 65534: often a daemon's or another container's) may have spent it."""
+    used = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            text = status.read_text()
+        except OSError:  # gone while listed
+            continue
+        for line in text.splitlines():
+            if line.startswith(("Uid:", "Gid:")):
+                used.update(int(n) for n in line.split()[1:])
+    rng = random.Random()  # not the test run's seed: two runs at once should not pick the same uid
+    while True:
+        uid = rng.randrange(1 << 20, 1 << 30)
+        if uid not in used:
+            return uid
+
+
+# As root: import everything while still root (the checkout may sit under a directory only root may enter), then
+# drop to the unused uid before the watcher makes its inotify instance, so that instance is charged to that uid.
+DROP_TO_UID = """
+import json, logging, os, select, threading, time
+import inotify_simple
+import oomwatch.sources.cgroupfs
+os.setgroups([])
+os.setresgid(UID, UID, UID)
+os.setresuid(UID, UID, UID)
+"""
+
 UNREADABLE = CHILD_COMMON + """
 found = watcher.start_watching()
 print(json.dumps({"found": sorted(found), "blind": watcher.blind, "counts": watcher.unwatched_counts(),
@@ -134,12 +167,9 @@ print(json.dumps({"found": sorted(found), "blind": watcher.blind, "counts": watc
 
 
 def test_unreadable_directories_and_files_are_reported_said_once_and_counted() -> None:
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("needs setpriv to run the watcher as nobody")
-        prefix = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
-    else:
-        prefix = []
+    # Not root: the watcher runs as this user, for whom a 0o000 file is unreadable too.
+    uid = unused_uid() if os.geteuid() == 0 else os.geteuid()
+    script = f"UID = {uid}\n" + DROP_TO_UID + UNREADABLE if os.geteuid() == 0 else UNREADABLE
     # World-traversable, unlike pytest's tmp_path under a 0700 directory.
     top = Path(tempfile.mkdtemp(prefix="oomwatch-unreadable-", dir="/dev/shm" if os.path.isdir("/dev/shm")
                                 else None))
@@ -153,7 +183,7 @@ def test_unreadable_directories_and_files_are_reported_said_once_and_counted() -
             p.chmod(0o755 if p.is_dir() else 0o644)
         (tree / "secret").chmod(0o000)
         (tree / "closed-file" / "memory.events").chmod(0o000)
-        out = run_child(UNREADABLE, tree, prefix)
+        out = run_child(script, tree, [])
     finally:
         for p in (top / "cg" / "secret",):
             if p.exists():
@@ -162,7 +192,7 @@ def test_unreadable_directories_and_files_are_reported_said_once_and_counted() -
     # /secret is known (its series can still be tried) though it cannot be watched or listed
     assert out["found"] == ["/", "/closed-file", "/open", "/secret"]
     assert out["counts"] == {"inotify_watches": 0, "unreadable": 2}
-    assert "2 cgroup(s) unreadable to this agent (uid 65534)" in out["blind"] or os.geteuid() != 0
+    assert f"2 cgroup(s) unreadable to this agent (uid {uid})" in out["blind"]
     assert out["unwatched_limits"] == ["/closed-file", "/secret"]
     errors = [m for level, m in out["lines"] if level == "ERROR"]
     assert len(errors) == 1 and "unreadable" in errors[0] and "Permission denied" in errors[0], out["lines"]
