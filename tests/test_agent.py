@@ -107,11 +107,11 @@ def test_sigterm_stops_cleanly_with_state_flushed_and_a_second_agent_is_refused(
             "--events-file", str(tmp_path / "events.jsonl")]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     try:
-        assert wait_for(lambda: len(events(tmp_path)) == 4, timeout=20)
+        assert wait_for(lambda: len(events(tmp_path)) == 4, timeout=120)  # bounds a loaded machine's start
         second = Agent(agent_config(tmp_path / "second", kmsg=kmsg, state_dir=str(tmp_path / "state")))
         assert second.run_until_signalled() == 2
         proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=10)
+        _, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == 0, stderr
@@ -123,7 +123,8 @@ def test_sigterm_stops_cleanly_with_state_flushed_and_a_second_agent_is_refused(
 def test_a_failed_source_is_503_with_the_reason_then_the_agent_exits_1(tmp_path: Path, monkeypatch) -> None:
     """Smoke test of the health wiring: no kernel log (not fatal: cgroup metrics go on) and a cgroup watcher
     that dies (fatal): /healthz says both with 503 while /metrics still serves the tree, then the process
-    exits 1 so that it is restarted."""
+    exits 1 so that it is restarted. The agent is held from stopping until the scraper has seen the 503 (a
+    loaded machine may not schedule the scraper within any grace period): the test waits for that state."""
     import threading
 
     import oomwatch.agent as agent_module
@@ -135,9 +136,17 @@ def test_a_failed_source_is_503_with_the_reason_then_the_agent_exits_1(tmp_path:
         self.error = "cgroup watcher stopped: the inotify descriptor went bad"
 
     monkeypatch.setattr(CgroupWatcher, "run", dies)
-    monkeypatch.setattr(agent_module, "FATAL_GRACE_SECONDS", 6.0)  # room for a loaded machine to scrape first
+    monkeypatch.setattr(agent_module, "FATAL_GRACE_SECONDS", 0.5)
     agent = Agent(agent_config(tmp_path, kmsg=str(tmp_path / "no-such-kmsg")))
     seen: dict = {}
+    scraped = threading.Event()
+    stop = agent.stop
+
+    def stop_once_scraped() -> None:  # the agent serves until the scraper saw what this test asserts
+        scraped.wait(120)
+        stop()
+
+    monkeypatch.setattr(agent, "stop", stop_once_scraped)
 
     def scrape() -> None:
         def served() -> bool:
@@ -146,8 +155,13 @@ def test_a_failed_source_is_503_with_the_reason_then_the_agent_exits_1(tmp_path:
                 seen["metrics"] = http_get(base_url(agent) + "/metrics")
             except (AttributeError, TypeError, OSError):  # not listening yet
                 return False
-            return seen["health"][0] == 503 and "fatal" in json.loads(seen["health"][1])
-        wait_for(served, timeout=10)
+            # every part says its own failure from its own thread: wait for all that is asserted below
+            health = json.loads(seen["health"][1])
+            return seen["health"][0] == 503 and "fatal" in health and health.get("kmsg", "ok") != "ok"
+        try:
+            wait_for(served, timeout=120)
+        finally:
+            scraped.set()
 
     scraper = threading.Thread(target=scrape)
     scraper.start()
