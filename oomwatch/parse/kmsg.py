@@ -374,6 +374,8 @@ def parse_text_line(line: str, clock: _Clock, stats: TextLogStats) -> tuple[str,
     """One line of saved text (already stripped) → (format name, record). The record is None for lines that
     are not the kernel's: format "other" (another program) or "garbled" (a wrapper that did not read)."""
     if line.startswith(("{", "\x1e{")):  # `-o json`, `-o json-seq` (each entry after an RS byte)
+        if line.rstrip() == "{":  # the first line of a pretty-printed document (`kubectl get events -o json`)
+            return "other", None
         return _json_record(line.lstrip("\x1e"))
     if line.startswith("<"):
         m5 = _RFC5424.match(line)
@@ -694,7 +696,11 @@ def _undecorated(line: bytes, last_number: Optional[int], stats: TextLogStats) -
             if not ((last_number is not None and n == last_number + 1) or _LOG_LINE_START.match(rest)):
                 continue
             number = n
-        line = line[m.end():]
+        if decoration.tail is not None:
+            end = decoration.tail.search(line, m.end())
+            line = line[m.end():end.start() if end is not None else len(line)]
+        else:
+            line = line[m.end():]
         stats.decorations[decoration.name] = stats.decorations.get(decoration.name, 0) + 1
     return line, number
 

@@ -132,6 +132,28 @@ def _summary(text: str) -> Optional[OomSummary]:
                       pid=int(tail["pid"]), uid=int(tail["uid"]))
 
 
+# A kill line cut short (`cut -c1-N`, a log system's limit, a search excerpt): its sizes read while whole (each
+# ends with its unit), in the kernel's order; at least total-vm must be whole.
+_KILLED_CUT = re.compile(rf"^(?:{_PREFIX}: )?Killed process (?P<pid>{_NUM})(?:, UID (?P<uid_rhel6>{_NUM}),)? "
+                         rf"\({_COMM}\)(?:, UID (?P<uid_rhel>{_NUM}),)? ?(?=total-vm:|$)", re.S)
+_CUT_SIZES = re.compile(rf"(total-vm|anon-rss|file-rss|shmem-rss):({_NUM})kB(?:, |$)")
+
+
+def _cut_killed(m: re.Match, text: str) -> OomKilled:
+    sizes: dict[str, int] = {}
+    at = m.end()
+    for name in ("total-vm", "anon-rss", "file-rss", "shmem-rss"):
+        size = _CUT_SIZES.match(text, at)
+        if size is None or size[1] != name:
+            break
+        sizes[name], at = int(size[2]) * KIB, size.end()
+    uid = m["uid_rhel"] or m["uid_rhel6"]
+    return OomKilled(pid=int(m["pid"]), comm=m["comm"], oom_kind=oom_kind_of(m["prefix"]),
+                     total_vm_bytes=sizes.get("total-vm"), anon_rss_bytes=sizes.get("anon-rss"),
+                     file_rss_bytes=sizes.get("file-rss"), shmem_rss_bytes=sizes.get("shmem-rss"),
+                     uid=None if uid is None else int(uid))
+
+
 def _cut_summary(text: str, head: re.Match) -> Optional[OomSummary]:
     """A summary line cut short (`cut -c1-400`, a log system's line limit, a paste): every field a later one
     follows is whole and kept, the rest None, the summary marked cut. None where not even the OOM's cgroup is
@@ -242,6 +264,11 @@ def _parse_oom_line(text: str) -> Optional[Union[OomLine, OomReaped]]:
         m = _KILLED.match(text)
         if m:
             return _killed(m)
+        m = _KILLED_CUT.match(text)
+        if m:
+            killed = _cut_killed(m, text)
+            if killed.total_vm_bytes is not None:  # (a line with no whole size is not taken for a kill)
+                return killed
         if head == "K":
             return None
         m = _EXITING.match(text)

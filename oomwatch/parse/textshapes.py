@@ -22,19 +22,41 @@ class LineDecoration(NamedTuple):
     name: str
     pattern: "re.Pattern[bytes]"  # matches the decoration at the start of a line; removed
     numbered: bool = False  # a line number: removed only where the numbers run on (group 1 is the number)
+    tail: Optional["re.Pattern[bytes]"] = None  # its end at the line's end (a closing backtick, quote): removed
 
 
-# `cat -n` prints "%6d\t"; editors and pastebins `  12: `, `12|`, `12 |`. A number is taken for a decoration only
-# where the next line carries the next number (or the line after the numbers is a kernel log line): a kernel
-# line may itself start with a number.
+# Where a kernel OOM line starts (what a decoration that quotes one is recognised by)
+_KERNEL_OOM_LINE = (rb"(?=Memory cgroup out of memory|Out of memory|Killed process|oom-kill:|oom_reaper: |Task in |"
+                    rb"\S{1,64} invoked oom-killer)")
+
+# In the order they are removed (a line may carry several: a quoted, numbered line). Each is one of the shapes
+# of tests/test_text_shapes.py, where its public source is named.
 LINE_DECORATIONS: tuple[LineDecoration, ...] = (
+    # the console of a VMware guest as vmware.log records it: `2023-12-04T10:49:30.125Z In(05) vcpu-5 - Guest: `
+    LineDecoration("vmware.log guest", re.compile(rb"^\d{4}-\d\d-\d\dT[\d:.]{8,15}Z? [A-Z][a-z](?:\(\d{1,3}\))? "
+                                                  rb"vcpu-\d{1,4} - Guest: ")),
     LineDecoration("quote", re.compile(rb"^[ \t]{0,8}(?:>[ \t]?){1,8}")),  # mail, Markdown: `> `, `> > `, `>> `
-    LineDecoration("line number", re.compile(rb"^[ \t]{0,8}(\d{1,7})(?:\t|: |:(?=\[)| ?\| ?)"), numbered=True),
+    # Markdown inline code or a fence glued to the text: `` `[ts] Killed process …` ``, ```` ```[ts] … ````
+    LineDecoration("inline code", re.compile(rb"^[ \t]{0,8}`{1,3}(?=\S)"), tail=re.compile(rb"`{1,3}[ \t]*$")),
+    # `cat -n` prints "%6d\t"; vim `:set nu` "%3d "; editors and pastebins `  12: `, `12|`, `12 |`. Taken for a
+    # decoration only where the numbers run on from the line before, or a kernel log line follows the number
+    # (a kernel line may itself start with a number: `0 pages in swap cache`).
+    LineDecoration("line number", re.compile(rb"^[ \t]{0,8}(\d{1,7})(?:\t|: |:(?=\[)| ?\| ?| )"), numbered=True),
+    # a table a log viewer exported (Kibana, Grafana, Markdown): `date | kernel | [ts] text`
+    LineDecoration("table row", re.compile(rb"^[ \t|]{0,8}[^|]{0,64}\|[ \t]{0,8}kernel[ \t]{0,8}\|[ \t]{0,8}")),
     # `kubectl get events` / `kubectl describe` rows of node-problem-detector's OOMKilling event: the kernel's
-    # line is the MESSAGE column, the row's last (oomwatch.parse.kmsg finds where it starts).
+    # line is the MESSAGE column, the row's last
     LineDecoration("kubectl event", re.compile(rb"^.{0,512}?\b(?:Warning|Normal)\s{1,64}OOMKilling\b.{0,512}?"
-                                               rb"(?=Memory cgroup out of memory|Out of memory|Killed process|"
-                                               rb"oom-kill:|oom_reaper: |Task in |\S{1,64} invoked oom-killer)")),
+                                               + _KERNEL_OOM_LINE)),
+    # a JSON document's message field on its own line (`kubectl get events -o json`, a log shipper's record)
+    LineDecoration("JSON message field", re.compile(rb'^[ \t]{0,64}"(?:message|msg|MESSAGE|log)": ?"' + _KERNEL_OOM_LINE),
+                   tail=re.compile(rb'(?:\\n)?",?[ \t]*$')),
+    # a syslog line of which only the tag was kept (`kernel: Killed process …`)
+    LineDecoration("syslog tag only", re.compile(rb"^kernel(?:\[\d{1,10}\])?: (?=\S)")),
+    # `dmesg -H` / `dmesg -e`: a relative time (`[  +0.000082] `) or a minute (`[Jun25 12:42] `): no time
+    # of the record can be told from it (it is left unknown)
+    LineDecoration("dmesg relative time", re.compile(rb"^[ \t]{0,8}\[ {0,4}[+-]\d{1,6}\.\d{6}\] |"
+                                                     rb"^[ \t]{0,8}\[[A-Z][a-z]{2}[ \d]\d \d\d:\d\d\] ")),
 )
 
 # What marks a line a tool cut short, at its end.
