@@ -266,7 +266,7 @@ def test_hostile_label_values_and_odd_numbers_match_prometheus_client() -> None:
     assert ours.exposition() == reference_text(ReferenceCollector(store, live, _node, lambda: 3))
     assert ours.exposition() == reference_text(ours)  # the registry path (collect()) agrees
     text = ours.exposition().decode()
-    assert 'pod="we\\"ird"' in text and 'pod="p\\nq"' in text
+    assert 'pod="we\\"ird"' in text and 'pod="p\\\\x0aq"' in text  # (the newline, by the label policy)
     assert "oomwatch_cgroup_parse_errors_total 3.0" in text
 
 
@@ -301,9 +301,29 @@ def hostile_rows(names: list[bytes]) -> list[tuple[tuple[str, str, str, str], Cg
 
 
 def expected_text(label: str) -> str:
-    """What the contract says a name becomes: its bytes read as UTF-8, each byte that is not written `\\xNN`
-    (Python's own backslashreplace, not the collector's code)."""
-    return os.fsencode(label).decode("utf-8", "backslashreplace")
+    """What the contract ("Label values") says a name becomes, written here from its words, not the collector's
+    code: its bytes read as UTF-8, each byte that is not written `\\xNN` (Python's own backslashreplace); each
+    control character `\\xNN` below 0x80, else `\\uNNNN`, and a backslash that would read as such an escape or
+    as `\\x5c` written `\\x5c`; cut at 1,024 characters with a marker of the length and SHA-256."""
+    import hashlib
+
+    text = os.fsencode(label).decode("utf-8", "backslashreplace")
+    controls = {chr(c) for c in [*range(0x20), *range(0x7F, 0xA0), 0x61C, 0x200E, 0x200F, 0x2028, 0x2029,
+                                 *range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+    escapes = {(f"\\x{ord(c):02x}" if ord(c) < 0x80 else f"\\u{ord(c):04x}") for c in controls} | {"\\x5c"}
+    out = []
+    for i, char in enumerate(text):
+        if char in controls:
+            out.append(f"\\x{ord(char):02x}" if ord(char) < 0x80 else f"\\u{ord(char):04x}")
+        elif char == "\\" and any(text.startswith(e, i) for e in escapes):
+            out.append("\\x5c")
+        else:
+            out.append(char)
+    value = "".join(out)
+    if len(value) > 1024:
+        digest = hashlib.sha256(value.encode()).hexdigest()[:16]
+        value = f"{value[:1024]}…[cut: {len(value)} characters, sha256 {digest}]"
+    return value
 
 
 def _hostile_collector(names: list[bytes]) -> tuple[OomwatchCollector, list, Store]:
@@ -333,9 +353,12 @@ def test_every_byte_of_a_cgroup_name_is_exported_as_utf8_text() -> None:
     kills = [s for s in families["oomwatch_oom_kills"].samples
              if s.labels["cgroup"] == expected_text(rows[1][0][3]) and s.labels["kind"] == "group"]
     assert [s.value for s in kills] == [1.0]
-    # A byte that is not UTF-8 is written as the kernel log writes it; everything else is itself.
+    # A byte that is not UTF-8 is written as the kernel log writes it, a control character shown, a backslash
+    # that would read as an escape escaped itself; everything else is itself.
     assert label_value(os.fsdecode(b"x\xffy.service")) == "x\\xffy.service"
-    assert label_value(os.fsdecode("x\ny\"z\\ü\x00".encode())) == "x\ny\"z\\ü\x00"
+    assert label_value(os.fsdecode("x\ny\"z\\ü\x00".encode())) == 'x\\x0ay"z\\ü\\x00'
+    assert label_value("a\x1bb") == "a\\x1bb" and label_value("a\\x1bb") == "a\\x5cx1bb"
+    assert label_value("\x85\u202e") == "\\u0085\\u202e" and label_value("sys\\x2dgetty") == "sys\\x2dgetty"
 
 
 def _promtool() -> str:
@@ -637,7 +660,7 @@ def test_hostile_cgroup_names_through_the_pipeline_and_a_restart(tmp_path: Path)
     families = {f.name: f for f in text_string_to_metric_families(body.decode("utf-8"))}
     exported = {s.labels["cgroup"] for s in families["oomwatch_memory_usage_bytes"].samples}
     for name in HOSTILE_DIRS:
-        assert "/" + name.decode("utf-8", "backslashreplace") in exported, name
+        assert expected_text(os.fsdecode(b"/" + name)) in exported, name
     assert families["oomwatch_workloads_not_exported"].samples[0].value == 0
     state = tmp_path / "state.json"
     with open(state, "w") as f:

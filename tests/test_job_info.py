@@ -192,7 +192,7 @@ def test_hostile_job_names_match_prometheus_client() -> None:
     reference = ReferenceCollector(store, live, info, workloads=lambda: rows)
     assert ours.exposition() == reference_text(reference)
     assert ours.exposition() == reference_text(ours)
-    assert 'job_name="j\\nk"' in ours.exposition().decode() and 'owner_name="x\\\\xffy"' in ours.exposition().decode()
+    assert 'job_name="j\\\\x0ak"' in ours.exposition().decode() and 'owner_name="x\\\\xffy"' in ours.exposition().decode()
 
 
 # --- cardinality --------------------------------------------------------------------------------------

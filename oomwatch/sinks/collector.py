@@ -18,8 +18,10 @@ logged once and counted (`oomwatch_workloads_not_exported_total`): it never fail
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from operator import attrgetter
 from types import MappingProxyType
@@ -32,6 +34,7 @@ from oomwatch.model import CgroupStats, NodeInfo, Workload
 from oomwatch.parse.cgroup import EXPORTED_MEMORY_EVENTS
 from oomwatch.store import KINDS, LATENCY_BUCKETS, ROLES, SCOPES, Labels, Snapshot, WorkloadCounters
 from oomwatch.names import as_logged
+from oomwatch.textsafe import CONTROLS
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
@@ -57,13 +60,37 @@ CHUNK_LINES = 512
 
 # --- label values --------------------------------------------------------------------------------------
 
+# The one policy for every label value the collector exports (docs/contract.md "Label values"): names a
+# tenant chose (cgroups, comms, an ownerReference's kind and name) are bounded, carry no control character,
+# and two different names never become one value.
+LABEL_VALUE_MAX = 1024  # characters: a Kubernetes name is at most 253, a workload's cgroup path far less
+# A control character as `\xNN` (C0, DEL) or `\uNNNN` (C1, bidi controls, line separators); a backslash that
+# would read as one of those escapes (or as `\x5c`) is itself written `\x5c`.
+_LABEL_ESCAPED = re.compile(f"[{CONTROLS}]|\\\\(?=x(?:[01][0-9a-f]|7f|5c)"
+                            "|u(?:00[89][0-9a-f]|061c|200[ef]|202[89a-e]|206[6-9]))")
+
+
+def _label_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x80 else f"\\u{code:04x}"
+
+
 def label_value(value: str) -> str:
-    """A name as a label value the text format can carry: it must be UTF-8, and a cgroup name may hold any
-    byte but `/`. Bytes that are not UTF-8 (read with surrogate escapes) are written `\\xNN`, as the kernel
-    log writes them (oomwatch.names.as_logged; docs/contract.md "Metrics"); every other character,
-    control characters included, stays as it is and the exposition escapes only what the format says (`\\`,
-    `"`, newline)."""
-    return value if value.isascii() else as_logged(value)
+    """A name as a label value, by the one policy of docs/contract.md "Label values": bytes that are not UTF-8
+    (read with surrogate escapes) written `\\xNN`, as the kernel log writes them (oomwatch.names.as_logged);
+    control characters written `\\xNN` (below 0x80) or `\\uNNNN`, and a backslash that would read as such an
+    escape written `\\x5c`, so that no two names share a value; longer than LABEL_VALUE_MAX characters, cut
+    there with a marker that says how long it was and names it by its SHA-256 (a cut value is longer than any
+    uncut one). The exposition then escapes only what the format says (`\\`, `"`)."""
+    if value.isascii() and value.isprintable() and "\\" not in value and len(value) <= LABEL_VALUE_MAX:
+        return value  # (nearly every name: a scrape calls this for each job_info label)
+    if not value.isascii():
+        value = as_logged(value)
+    value = _LABEL_ESCAPED.sub(_label_escape, value)
+    if len(value) > LABEL_VALUE_MAX:
+        digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:16]
+        value = f"{value[:LABEL_VALUE_MAX]}…[cut: {len(value)} characters, sha256 {digest}]"
+    return value
 
 
 def escape_label_value(value: str) -> str:

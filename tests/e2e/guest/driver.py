@@ -798,12 +798,34 @@ class Scenario:
     def setup(self) -> None:
         raise NotImplementedError
 
+    def main_pod(self, driver: str, qos: str, ns: str, pod: str) -> dict:
+        """The scenario's one pod (seeded by its name), recorded as the ground truth's "pod"."""
+        p = self.gt["pod"] = self.pod(driver, qos, self.name, ns, pod)
+        return p
+
+    def started(self, p: dict, runtime: str, name: str, script: list[str], *, procs: int,
+                **container) -> Container:
+        """A container of pod `p` (Container's arguments: limit, oom_group, trigger, …), run and waited for
+        until `procs` processes are in it."""
+        c = self.container(p, runtime, name, script, **container)
+        c.run()
+        c.wait_procs(procs)
+        return c
+
     def start_hog(self, p: dict, runtime: str, name: str, script: list[str], *, limit: int | None,
-                  procs: int, expect: dict | None = None, **container) -> "Container":
-        """The usual set-up: one hog container (memory.oom.group=1) in pod `p`, started with `procs`
-        processes; the kernel is expected to group-kill it at container scope unless `expect` says
-        otherwise. `container`: more of Container's arguments (extra_mounts)."""
-        self.hog = self.container(p, runtime, name, script, limit=limit, oom_group=1, trigger=True, **container)
+                  procs: int, oom_group: int = 1, expect: dict | None = None, **container) -> "Container":
+        """The usual set-up: one hog container (memory.oom.group=1 unless `oom_group` says otherwise) in pod
+        `p`, started with `procs` processes; the kernel is expected to group-kill it at container scope unless
+        `expect` says otherwise. `container`: more of Container's arguments (extra_mounts)."""
+        self.hog = self.container(p, runtime, name, script, limit=limit, oom_group=oom_group, trigger=True,
+                                  **container)
+        return self.run_hog(p, procs, expect)
+
+    def run_hog(self, p: dict, procs: int, expect: dict | None = None,
+                tracked: tuple[str, ...] = ()) -> Container:
+        """Run the hog container made already (self.hog) and wait for its `procs` processes; the expected
+        incident is a group kill of it at container scope, with what `expect` changes or adds. The cgroups
+        tracked: the hog's, `tracked`, the pod's."""
         self.hog.run()
         self.hog.wait_procs(procs)
         self.gt["expect"] = {
@@ -814,8 +836,22 @@ class Scenario:
             "group_cgroup": self.hog.cgroup,
             **(expect or {}),
         }
-        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
+        self.gt["cgroups_tracked"] = [self.hog.cgroup, *tracked, p["cgroup"]]
         return self.hog
+
+    def agent_publishes(self, incs: list, while_alive: bool = False) -> dict[int, float]:
+        """When the agent's /incidents first showed each of the kernel's incidents `incs` (by index, monotonic
+        time), polled for up to the agent wait (only while the agent runs, with `while_alive`)."""
+        ctx = self.ctx
+        seen: dict[int, float] = {}
+        end = time.monotonic() + ctx.agent_wait
+        while (not while_alive or ctx.agent.alive()) and time.monotonic() < end and len(seen) < len(incs):
+            agent_incs = ctx.agent.incidents() or []
+            for i, k in enumerate(incs):
+                if i not in seen and any(incident_matches(a, k) for a in agent_incs):
+                    seen[i] = time.monotonic()
+            time.sleep(0.1)
+        return seen
 
     def act(self) -> None:
         """Most scenarios: fire the hog container and watch the kernel and the agent."""
@@ -928,16 +964,7 @@ class Scenario:
             self.gt["errors"].append(
                 f"kernel recorded {len(incs)} OOM incidents, expected {expect_incidents}"
             )
-        self.gt["kernel_incidents"] = [
-            {
-                "seq": k.seq,
-                "victim_pid": k.victim_pid,
-                "usec": k.usec,
-                "first_kill_usec": k.first_kill_usec,
-                "summary": k.summary(),
-            }
-            for k in incs
-        ]
+        self.gt["kernel_incidents"] = kernel_incident_rows(incs)
         for k in incs:
             log(f"  kernel: {k.summary()}")
         lat = []
@@ -993,6 +1020,20 @@ def sh(script: str) -> list[str]:
     return ["sh", "-c", script]
 
 
+def kernel_incident_rows(incs: list) -> list[dict]:
+    """The ground truth's record of each OOM incident the kernel logged."""
+    return [{"seq": k.seq, "victim_pid": k.victim_pid, "usec": k.usec, "first_kill_usec": k.first_kill_usec,
+             "summary": k.summary()} for k in incs]
+
+
+def detection_rows(ctx, incs: list, seen: dict[int, float], since: float, key: str) -> list[dict]:
+    """When the agent published each kernel incident (`seen`: index → monotonic time), and `key`: how long
+    after `since` (None: never)."""
+    return [{"seq": k.seq, "victim_pid": k.victim_pid,
+             "kill_mono": ctx.kmsg_to_mono(k.first_kill_usec or k.usec), "visible_mono": seen.get(i),
+             key: (seen[i] - since) if i in seen else None} for i, k in enumerate(incs)]
+
+
 HOG = "dd if=/dev/zero of=/dev/null bs=300M count=1"
 WAIT_FIFO = "read x < /trigger/fifo"
 
@@ -1005,16 +1046,10 @@ class ContainerGroup(Scenario):
     )
 
     def setup(self):
-        p = self.pod("cgroupfs", "burstable", self.name, "ml", "trainer-0")
-        self.gt["pod"] = p
-        self.start_hog(
-            p,
-            "containerd",
-            "trainer",
-            sh(f"sleep 600 & sleep 601 & sh -c 'sleep 603 & wait' & {WAIT_FIFO}; {HOG}; wait"),
-            limit=64 << 20,
-            procs=5,
-        )
+        p = self.main_pod("cgroupfs", "burstable", "ml", "trainer-0")
+        self.start_hog(p, "containerd", "trainer",
+                       sh(f"sleep 600 & sleep 601 & sh -c 'sleep 603 & wait' & {WAIT_FIFO}; {HOG}; wait"),
+                       limit=64 << 20, procs=5)
 
 
 class SingleSurvivors(Scenario):
@@ -1025,29 +1060,12 @@ class SingleSurvivors(Scenario):
     )
 
     def setup(self):
-        p = self.pod("cgroupfs", "burstable", self.name, "web", "api-7d9f")
-        self.gt["pod"] = p
-        self.hog = self.container(
-            p,
-            "containerd",
-            "api",
-            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
-            limit=64 << 20,
-            oom_group=0,
-            trigger=True,
-        )
-        self.hog.run()
-        self.hog.wait_procs(3)
-        self.gt["expect"] = {
-            "scope": "container",
-            "kind": "single",
-            "constraint": "memcg",
-            "victim_workload": self.hog.cgroup,
-            "group_cgroup": None,
-            "survivor_cgroups": [self.hog.cgroup],
-        }
-        self.gt["cgroups_tracked"] = [self.hog.cgroup, p["cgroup"]]
-        self.gt["container_state_after"] = self.hog.state()
+        p = self.main_pod("cgroupfs", "burstable", "web", "api-7d9f")
+        hog = self.start_hog(p, "containerd", "api", sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
+                             limit=64 << 20, procs=3, oom_group=0,
+                             expect={"kind": "single", "group_cgroup": None})
+        self.gt["expect"]["survivor_cgroups"] = [hog.cgroup]
+        self.gt["container_state_after"] = hog.state()
 
 
 class PodScope(Scenario):
@@ -1059,10 +1077,9 @@ class PodScope(Scenario):
     )
 
     def setup(self):
-        p = self.pod("cgroupfs", "burstable", self.name, "batch", "etl-5f6c")
+        p = self.main_pod("cgroupfs", "burstable", "batch", "etl-5f6c")
         wfile(f"{CG}{p['cgroup']}/memory.max", 96 << 20)
         wfile(f"{CG}{p['cgroup']}/memory.swap.max", 0)
-        self.gt["pod"] = p
         self.sb = self.sandbox(p, "containerd")
         self.sb.run()
         self.side = self.container(
@@ -1072,9 +1089,10 @@ class PodScope(Scenario):
         self.hog = self.container(
             p, "containerd", "etl", sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"), oom_group=1, trigger=True
         )
-        self.hog.run()
+        self.run_hog(p, 2, {"scope": "pod", "oom_cgroup": p["cgroup"],
+                            "survivor_cgroups": [self.side.cgroup, self.sb.cgroup]},
+                     tracked=(self.side.cgroup, self.sb.cgroup))
         self.side.wait_procs(3)
-        self.hog.wait_procs(2)
         self.sb.wait_procs(1)
         # the sidecar must really hold its 24M before the hog goes
         end = time.monotonic() + 30
@@ -1082,16 +1100,6 @@ class PodScope(Scenario):
             int(rfile(f"{CG}{self.side.cgroup}/memory.current") or 0) < (20 << 20) and time.monotonic() < end
         ):
             time.sleep(0.1)
-        self.gt["expect"] = {
-            "scope": "pod",
-            "kind": "group",
-            "constraint": "memcg",
-            "oom_cgroup": p["cgroup"],
-            "victim_workload": self.hog.cgroup,
-            "group_cgroup": self.hog.cgroup,
-            "survivor_cgroups": [self.side.cgroup, self.sb.cgroup],
-        }
-        self.gt["cgroups_tracked"] = [self.hog.cgroup, self.side.cgroup, self.sb.cgroup, p["cgroup"]]
 
 
 class SystemdContainerd(Scenario):
@@ -1102,16 +1110,9 @@ class SystemdContainerd(Scenario):
     )
 
     def setup(self):
-        p = self.pod("systemd", "burstable", self.name, "default", "worker-abc12")
-        self.gt["pod"] = p
-        self.start_hog(
-            p,
-            "containerd",
-            "worker",
-            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
-            limit=48 << 20,
-            procs=3,
-        )
+        p = self.main_pod("systemd", "burstable", "default", "worker-abc12")
+        self.start_hog(p, "containerd", "worker", sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
+                       limit=48 << 20, procs=3)
 
 
 class Crio(Scenario):
@@ -1122,17 +1123,9 @@ class Crio(Scenario):
     )
 
     def setup(self):
-        p = self.pod("systemd", "guaranteed", self.name, "infra", "cache-0")
-        self.gt["pod"] = p
-        self.hog = self.container(
-            p,
-            "crio",
-            "redis",
-            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
-            limit=48 << 20,
-            oom_group=1,
-            trigger=True,
-        )
+        p = self.main_pod("systemd", "guaranteed", "infra", "cache-0")
+        self.hog = self.container(p, "crio", "redis", sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
+                                  limit=48 << 20, oom_group=1, trigger=True)
         # conmon lives next to the container, in its own scope, and must not die with it
         self.conmon_cg = f"{p['cgroup']}/crio-conmon-{self.hog.id}.scope"
         os.makedirs(f"{CG}{self.conmon_cg}", exist_ok=True)
@@ -1143,17 +1136,7 @@ class Crio(Scenario):
                 wfile("/proc/self/oom_score_adj", "-999"),
             ),
         )
-        self.hog.run()
-        self.hog.wait_procs(3)
-        self.gt["expect"] = {
-            "scope": "container",
-            "kind": "group",
-            "constraint": "memcg",
-            "victim_workload": self.hog.cgroup,
-            "group_cgroup": self.hog.cgroup,
-            "survivor_cgroups": [self.conmon_cg],
-        }
-        self.gt["cgroups_tracked"] = [self.hog.cgroup, self.conmon_cg, p["cgroup"]]
+        self.run_hog(p, 3, {"survivor_cgroups": [self.conmon_cg]}, tracked=(self.conmon_cg,))
 
     def finish(self):
         if getattr(self, "conmon", None):
@@ -1166,13 +1149,9 @@ class NotOom(Scenario):
     description = "a container killed with SIGKILL (runc kill KILL), no OOM: the agent must report nothing"
 
     def setup(self):
-        p = self.pod("cgroupfs", "burstable", self.name, "ml", "notebook-1")
-        self.gt["pod"] = p
-        self.c = self.container(
-            p, "containerd", "jupyter", sh("sleep 600 & sleep 601 & wait"), limit=64 << 20, oom_group=1
-        )
-        self.c.run()
-        self.c.wait_procs(3)
+        p = self.main_pod("cgroupfs", "burstable", "ml", "notebook-1")
+        self.c = self.started(p, "containerd", "jupyter", sh("sleep 600 & sleep 601 & wait"), procs=3,
+                              limit=64 << 20, oom_group=1)
         self.gt["expect"] = {"no_incident": True}
         self.gt["cgroups_tracked"] = [self.c.cgroup, p["cgroup"]]
 
@@ -1211,28 +1190,11 @@ class Restart(Scenario):
         p1 = self.pod("cgroupfs", "burstable", self.name + "1", "ml", "trainer-1")
         p2 = self.pod("cgroupfs", "guaranteed", self.name + "2", "web", "frontend-2")
         self.gt["pods"] = [p1, p2]
-        self.h1 = self.container(
-            p1,
-            "containerd",
-            "trainer",
-            sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
-            limit=48 << 20,
-            oom_group=1,
-            trigger=True,
-        )
-        self.h2 = self.container(
-            p2,
-            "containerd",
-            "nginx",
-            sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
-            limit=48 << 20,
-            oom_group=0,
-            trigger=True,
-        )
-        self.h1.run()
-        self.h2.run()
-        self.h1.wait_procs(2)
-        self.h2.wait_procs(2)
+        hog = f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"
+        self.h1 = self.started(p1, "containerd", "trainer", sh(hog), procs=2, limit=48 << 20, oom_group=1,
+                               trigger=True)
+        self.h2 = self.started(p2, "containerd", "nginx", sh(hog), procs=2, limit=48 << 20, oom_group=0,
+                               trigger=True)
         self.gt["expect"] = {
             "incidents": [
                 {
@@ -1269,40 +1231,17 @@ class Restart(Scenario):
         incs = ctx.kmsg.incidents_since(seq0)
         for k in incs:
             log(f"  kernel (agent stopped): {k.summary()}")
-        self.gt["kernel_incidents"] = [
-            {
-                "seq": k.seq,
-                "victim_pid": k.victim_pid,
-                "usec": k.usec,
-                "first_kill_usec": k.first_kill_usec,
-                "summary": k.summary(),
-            }
-            for k in incs
-        ]
+        self.gt["kernel_incidents"] = kernel_incident_rows(incs)
         self.snapshot("after", cgs)
         self.record_pids_after()
         start = ctx.agent.start(ctx.agent_start_timeout)
         self.gt["agent"]["restart"] = start
         seen: dict[int, float] = {}
         if start.get("ok"):
-            end = time.monotonic() + ctx.agent_wait
-            while time.monotonic() < end and len(seen) < len(incs):
-                agent_incs = ctx.agent.incidents() or []
-                for i, k in enumerate(incs):
-                    if i not in seen and any(incident_matches(a, k) for a in agent_incs):
-                        seen[i] = time.monotonic()
-                time.sleep(0.1)
+            seen = self.agent_publishes(incs)
             time.sleep(2)  # duplicates, if any, would show up now
-        self.gt["agent"]["detection"] = [
-            {
-                "seq": k.seq,
-                "victim_pid": k.victim_pid,
-                "kill_mono": ctx.kmsg_to_mono(k.first_kill_usec or k.usec),
-                "visible_mono": seen.get(i),
-                "after_restart_seconds": (seen[i] - start["mono"]) if i in seen else None,
-            }
-            for i, k in enumerate(incs)
-        ]
+        self.gt["agent"]["detection"] = detection_rows(ctx, incs, seen, start["mono"],
+                                                       "after_restart_seconds")
         self.save_agent_view()
 
 
@@ -1316,16 +1255,9 @@ class DeletedContainer(Scenario):
     )
 
     def setup(self):
-        p = self.pod("cgroupfs", "burstable", self.name, "research", "sweep-42")
-        self.gt["pod"] = p
-        self.start_hog(
-            p,
-            "containerd",
-            "optimizer",
-            sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
-            limit=48 << 20,
-            procs=2,
-        )
+        p = self.main_pod("cgroupfs", "burstable", "research", "sweep-42")
+        self.start_hog(p, "containerd", "optimizer", sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
+                       limit=48 << 20, procs=2)
 
     def act(self):
         ctx = self.ctx
@@ -1393,24 +1325,8 @@ class DeletedContainer(Scenario):
             ctx.agent.resume()
             a["paused_seconds"] = time.monotonic() - t_pause
         t_resume = time.monotonic()
-        seen: dict[int, float] = {}
-        end = time.monotonic() + ctx.agent_wait
-        while ctx.agent.alive() and time.monotonic() < end and len(seen) < len(incs):
-            agent_incs = ctx.agent.incidents() or []
-            for i, k in enumerate(incs):
-                if i not in seen and any(incident_matches(x, k) for x in agent_incs):
-                    seen[i] = time.monotonic()
-            time.sleep(0.1)
-        a["detection"] = [
-            {
-                "seq": k.seq,
-                "victim_pid": k.victim_pid,
-                "kill_mono": ctx.kmsg_to_mono(k.first_kill_usec or k.usec),
-                "visible_mono": seen.get(i),
-                "after_resume_seconds": (seen[i] - t_resume) if i in seen else None,
-            }
-            for i, k in enumerate(incs)
-        ]
+        seen = self.agent_publishes(incs, while_alive=True)
+        a["detection"] = detection_rows(ctx, incs, seen, t_resume, "after_resume_seconds")
         self.save_agent_view()
 
 
@@ -1422,24 +1338,16 @@ class GlobalOom(Scenario):
     )
 
     def setup(self):
-        p = self.pod("cgroupfs", "besteffort", self.name, "data", "loader-9")
-        self.gt["pod"] = p
+        p = self.main_pod("cgroupfs", "besteffort", "data", "loader-9")
         mem_total_kb = int(
             next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
         )
         bs_kb = mem_total_kb - 8 * 1024  # passes the overcommit heuristic, cannot fit
         self.gt["hog_kb"] = bs_kb
-        self.start_hog(
-            p,
-            "containerd",
-            "loader",
-            sh(
-                f"sleep 600 & sleep 601 & {WAIT_FIFO}; dd if=/dev/zero of=/dev/null bs={bs_kb}k count=1; wait"
-            ),
-            limit=None,
-            procs=3,
-            expect={"scope": "node", "constraint": "global", "oom_cgroup": "/"},
-        )
+        eat_all = f"dd if=/dev/zero of=/dev/null bs={bs_kb}k count=1"
+        self.start_hog(p, "containerd", "loader", sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {eat_all}; wait"),
+                       limit=None, procs=3,
+                       expect={"scope": "node", "constraint": "global", "oom_cgroup": "/"})
 
     def act(self):
         self.oom_and_observe(self.hog, settle=3)
@@ -1569,16 +1477,9 @@ class PrometheusDashboard(Scenario):
         # Prometheus first: its start (~20 s under TCG) overlaps the container's
         self.prom = Prometheus(self.ctx.prometheus, self.dir)
         self.gt["prometheus"] = {"start": self.prom.start(), "node": self.prom.node}
-        p = self.pod("cgroupfs", "burstable", self.name, "reports", "nightly-8f2k")
-        self.gt["pod"] = p
-        self.start_hog(
-            p,
-            "containerd",
-            "renderer",
-            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
-            limit=48 << 20,
-            procs=3,
-        )
+        p = self.main_pod("cgroupfs", "burstable", "reports", "nightly-8f2k")
+        self.start_hog(p, "containerd", "renderer", sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
+                       limit=48 << 20, procs=3)
 
     def act(self):
         pg = self.gt["prometheus"]
@@ -1729,28 +1630,11 @@ class Demo(Scenario):
         say("starting two containers with runc, laid out as the kubelet and containerd do:")
         say("  ml/train-0 trainer      64 MiB limit, memory.oom.group=1 (the kubelet's default since 1.28)")
         say("  shop/checkout-6c5d api  64 MiB limit, memory.oom.group=0 (singleProcessOOMKill: true)")
-        self.trainer = self.container(
-            p1,
-            "containerd",
-            "trainer",
-            sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"),
-            limit=64 << 20,
-            oom_group=1,
-            trigger=True,
-        )
-        self.api = self.container(
-            p2,
-            "containerd",
-            "api",
-            sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"),
-            limit=64 << 20,
-            oom_group=0,
-            trigger=True,
-        )
-        self.trainer.run()
-        self.api.run()
-        self.trainer.wait_procs(3)
-        self.api.wait_procs(2)
+        self.trainer = self.started(p1, "containerd", "trainer",
+                                    sh(f"sleep 600 & sleep 601 & {WAIT_FIFO}; {HOG}; wait"), procs=3,
+                                    limit=64 << 20, oom_group=1, trigger=True)
+        self.api = self.started(p2, "containerd", "api", sh(f"sleep 600 & {WAIT_FIFO}; {HOG}; wait"), procs=2,
+                                limit=64 << 20, oom_group=0, trigger=True)
 
     def act(self):
         ctx = self.ctx
