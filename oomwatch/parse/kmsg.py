@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional
 
 from oomwatch.model import KmsgRecord
+from oomwatch.parse.oom import MAX_WRAPPED, parse_oom_line
 from oomwatch.parse.prefilter import OOM_LINE_START as _OOM_LINE_START
-from oomwatch.parse.textshapes import CUT_MARKERS, LINE_DECORATIONS, local_date, month_number
+from oomwatch.parse.textshapes import CUT_MARKERS, LINE_DECORATIONS, TEXT_REPAIRS, local_date, month_number
 
 _ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 
@@ -666,12 +667,42 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
             skipping = indent
         elif kind == _PREFIXED:
             held, held_indent, held_column = record, indent, column
-        else:
-            if kind == _BARE:
+        elif kind == _BARE:
+            for piece in _unglued(record, stats):
                 stats.count("bare")
+                yield _uncut(piece, stats)
+        else:
             yield _uncut(record, stats)
     if held is not None:
         yield _uncut(held, stats)
+
+
+# Where a kernel OOM line may start inside prose it was glued into (after a space)
+_GLUED_START = re.compile(r"(?<=\s)(?:" + _OOM_LINE_START.decode() + r"|\S{1,64} invoked oom-killer)")
+
+
+def _unglued(record: KmsgRecord, stats: TextLogStats) -> list[KmsgRecord]:
+    """A line of bare text that holds kernel OOM lines glued together and into prose (a paragraph of a blog
+    post that quotes the log): one record per OOM line, split where one starts and is read whole by the OOM
+    parser (textshapes' "glued lines"); the line itself when it holds none."""
+    text = record.text
+    if len(text) > MAX_WRAPPED or not _GLUED_START.search(text) or parse_oom_line(text) is not None:
+        return [record]
+    starts = [m.start() for m in _GLUED_START.finditer(text)]
+    pieces = [text[:starts[0]].rstrip()] if text[:starts[0]].strip() else []
+    for start, end in zip(starts, starts[1:] + [len(text)]):
+        piece = text[start:end].rstrip()
+        if parse_oom_line(piece) is None:  # a start word in prose, not a kernel line: part of what came before
+            if pieces:
+                pieces[-1] = text[text.index(pieces[-1]):end].rstrip()
+            else:
+                pieces.append(text[:end].rstrip())
+            continue
+        pieces.append(piece)
+    if len(pieces) < 2:
+        return [record]
+    stats.decorations["glued lines"] = stats.decorations.get("glued lines", 0) + 1
+    return [record._replace(text=piece) for piece in pieces]
 
 
 # What _line_records says each line is: a record with a prefix (dmesg, journal, syslog: its continuation lines
@@ -706,19 +737,25 @@ def _undecorated(line: bytes, last_number: Optional[int], stats: TextLogStats) -
 
 
 def _uncut(record: KmsgRecord, stats: TextLogStats) -> KmsgRecord:
-    """A kernel OOM line a tool cut short and marked so (`…`, `[truncated]`): the marker removed (the OOM parser
-    reads its whole fields), counted in `stats.cut_records`."""
+    """A kernel OOM line as the kernel wrote it: a tool's cut marker (`…`, `[truncated]`) removed (the OOM parser
+    reads its whole fields; counted in `stats.cut_records`), textshapes.TEXT_REPAIRS undone."""
     text = record.text
-    if text[-1:] not in _CUT_ENDS or not _OOM_LINE_START_TEXT.match(text):
+    if text[-1:] not in _REPAIRED_ENDS or not _OOM_LINE_START_TEXT.match(text):
         return record
+    for repair in TEXT_REPAIRS:
+        if repair.replacement == "digits":
+            text = repair.pattern.sub(lambda m: m[1].replace(",", ""), text)
+        else:
+            text = repair.pattern.sub(repair.replacement, text)
     m = CUT_MARKERS.search(text)
-    if m is None:
-        return record
-    stats.cut_records += 1
-    return record._replace(text=text[:m.start()])
+    if m is not None:
+        stats.cut_records += 1
+        text = text[:m.start()]
+    return record if text == record.text else record._replace(text=text)
 
 
-_CUT_ENDS = frozenset(".…])>")
+# The last characters of a line a repair or a cut marker may apply to (`kB` ends a kill line's sizes)
+_REPAIRED_ENDS = frozenset(".…])>`0123456789B")
 _OOM_LINE_START_TEXT = re.compile(_OOM_LINE_START.decode() + r"|\S{1,64} invoked oom-killer")
 
 

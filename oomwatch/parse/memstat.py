@@ -70,7 +70,7 @@ TASK_TABLE_LAYOUTS: dict[int, tuple[str, ...]] = {
          "oom_score_adj", "name"),  # 6.8+ splits rss
 }
 _LAYOUT_3_10 = ("uid", "tgid", "total_vm", "rss", "nr_ptes", "swapents", "oom_score_adj", "name")
-_ROW_NUMBERS = re.compile(r"\[ *\d{1,10}\]((?: +-?\d{1,21}){7,10}) +\S")
+_ROW_NUMBERS = re.compile(r"\[ *\d{1,10}\]((?:\s+-?\d{1,21}){7,10})\s+\S")
 
 
 class MemcgStatsHeader(NamedTuple):

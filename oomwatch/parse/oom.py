@@ -175,6 +175,8 @@ def _cut_summary(text: str, head: re.Match) -> Optional[OomSummary]:
     if oom_cgroup is None:
         return None
     task_cgroup = comm = pid = None
+    if "task" not in fields and text.endswith(","):  # cut just after task_memcg's comma: its value is whole
+        task_cgroup = _cgroup(text[fields["task_memcg"] + len(",task_memcg="):-1])
     if "task" in fields and fields["task"] > fields["task_memcg"]:
         task_cgroup = _cgroup(text[fields["task_memcg"] + len(",task_memcg="):fields["task"]])
         if "pid" in fields and fields["pid"] > fields["task"]:

@@ -10,6 +10,7 @@ Three tables:
   translations of "%a %b %e %H:%M:%S %Y" and glibc's abbreviated month names). `local_date` reads any of their
   layouts by the parts it finds (a month, a day, a time, maybe a year), never by a layout per language.
 - CUT_MARKERS: what marks a line cut short (`…`, `[truncated]`): removed, and the line counted as cut.
+- TEXT_REPAIRS: what was changed inside a kernel OOM line (thousands separators, a closing backtick): undone.
 """
 
 from __future__ import annotations
@@ -59,8 +60,25 @@ LINE_DECORATIONS: tuple[LineDecoration, ...] = (
                                                      rb"^[ \t]{0,8}\[[A-Z][a-z]{2}[ \d]\d \d\d:\d\d\] ")),
 )
 
-# What marks a line a tool cut short, at its end.
-CUT_MARKERS = re.compile(r"\s?(?:…|\.\.\.|\[\.\.\.\]|\[truncated\]|\(truncated\)|<truncated>)$")
+# What marks a line a tool cut short, at its end: an ellipsis, a log system's words, `less -S`'s `>` at the
+# screen's edge.
+CUT_MARKERS = re.compile(r"\s?(?:…|\.\.\.|\[\.\.\.\]|\[truncated\]|\(truncated\)|<truncated>|(?<=\S)>)$")
+
+
+class TextRepair(NamedTuple):
+    """A change a person or a tool made inside a kernel OOM line's text, undone."""
+
+    name: str
+    pattern: "re.Pattern[str]"
+    replacement: str
+
+
+TEXT_REPAIRS: tuple[TextRepair, ...] = (
+    # thousands separators typed or printed into a size (`total-vm:26,184,840kB`): the kernel prints none
+    TextRepair("thousands separators", re.compile(r"(?<=[a-z]:)(\d{1,3}(?:,\d{1,3}){1,6})(?=kB)"), "digits"),
+    # a Markdown code span or fence closed at the line's end (its opening was on an earlier line)
+    TextRepair("closing backticks", re.compile(r"\s?`{1,3}$"), ""),
+)
 
 # Abbreviated (and full) month names as glibc's locales print %b, lower case, without a final dot; month 1 first.
 # Where two languages give one word to two months (Croatian `lis` is October, Polish and Czech November), the
