@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -185,7 +186,9 @@ def _require_open_streams(reads_stdin: bool) -> None:
         if not closed:
             try:
                 os.fstat(stream.fileno())  # a descriptor closed under Python's stream (EBADF)
-            except (OSError, ValueError):
+            except io.UnsupportedOperation:
+                pass  # a stream with no descriptor (captured output): open
+            except OSError:
                 closed = True
         if closed:
             click.echo(f"oomwatch: standard {name} is closed: "

@@ -561,7 +561,7 @@ def test_series_per_workload() -> None:
     assert len(per_container) == len(per_pod) == 2 + 2 + 4 + 5  # kills, killed, 4 gauges, 5 events
     node_level = len(lines) - len(per_container) - len(per_pod)
     # node kills, node_info, kmsg counters, the agent's own health counters, histogram, build_info
-    assert node_level == 8 + 1 + 3 + 5 + 16 + 1
+    assert node_level == 10 + 1 + 3 + 5 + 16 + 1  # (node kills: 2 kinds x 5 scopes)
 
 
 @pytest.mark.tools

@@ -396,7 +396,7 @@ CONTAINER = f"{SD_BURST_POD}/cri-containerd-{CID}.scope"
          "memcg", "cgroup"),
         ("/system.slice/foo.service", "/system.slice/foo.service", "memcg", "cgroup"),
         # the summary was ratelimited away: unknown oom cgroup
-        (CONTAINER, None, "memcg", "cgroup"),
+        (CONTAINER, None, "memcg", "unknown"),  # which cgroup ran out is not in the log
     ],
 )
 def test_scope_of(victim, oom, constraint, scope):
