@@ -104,25 +104,14 @@ def test_detection_latency_while_the_agent_runs(storm) -> None:
     was healthy. Not counted: kills made before the SIGKILL that the dying agent had not yet published (it
     published them after its restart, with the downtime in their latency), and kills between the SIGKILL and the
     restarted agent being healthy (read back from the ring after it)."""
-    from datetime import datetime
-
-    run = json.loads((storm["dir"] / "run.json").read_text())
-    to_wall = run["wall_minus_mono"]
-    killed_at = next(r["agent_sigkilled_mono"] for r in storm["storm"]["rounds_detail"] if "agent_sigkilled_mono" in r)
-    restart = next(r["agent_restart"] for r in storm["storm"]["rounds_detail"] if "agent_restart" in r)
-    sigkill, healthy = killed_at + to_wall, restart["mono"] + restart.get("startup_seconds", 0) + to_wall
-
-    def wall(stamp: str) -> float:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
+    first_life, second_life = one_life(storm)
     live = [e for e in storm["events"] if e.get("evidence") == "kmsg" and e.get("latency_seconds") is not None]
-    first_life = [e for e in live if wall(e["detected_at"]) < sigkill]  # killed before it, too: latency >= 0
-    second_life = [e for e in live if wall(e["time"]) >= healthy]
     left_over = len(live) - len(first_life) - len(second_life)
     lat = sorted(e["latency_seconds"] for e in first_life + second_life)
     assert lat, "no incidents seen and published in one life of the agent"
     p50 = statistics.median(lat)
     p99 = lat[min(len(lat) - 1, int(round(0.99 * (len(lat) - 1))))]
+    restart = next(r["agent_restart"] for r in storm["storm"]["rounds_detail"] if "agent_restart" in r)
     restart_s = restart.get("startup_seconds")
     print(f"storm: detection latency over {len(lat)} incidents killed and published in one life of the agent "
           f"({len(first_life)} before its SIGKILL, {len(second_life)} after its restart was healthy; {left_over} "
@@ -132,8 +121,8 @@ def test_detection_latency_while_the_agent_runs(storm) -> None:
 
 
 def one_life(storm) -> tuple[list[dict], list[dict]]:
-    """The incidents one life of the agent both saw happen and published (test_detection_latency_while_the_agent
-    _runs says which): (killed and published before its SIGKILL, killed once the restarted agent was healthy)."""
+    """The incidents one life of the agent both saw happen and published: (killed and published before its SIGKILL
+    (so killed before it too: latency >= 0), killed once the restarted agent was healthy)."""
     run = json.loads((storm["dir"] / "run.json").read_text())
     to_wall = run["wall_minus_mono"]
     killed_at = next(r["agent_sigkilled_mono"] for r in storm["storm"]["rounds_detail"] if "agent_sigkilled_mono" in r)
