@@ -151,3 +151,37 @@ def test_lines_kept_while_failing_are_bounded_oldest_dropped(tmp_path: Path, mon
     events.close()
     assert [json.loads(line)["kernel_seq"] for line in lines(path) if line] == [7, 8, 9, 10, 11, 12]
     assert (events.errors, events.dropped) == (12, 7)
+
+
+def test_the_keys_it_remembers_are_bounded_whatever_is_replayed_through_it(tmp_path: Path) -> None:
+    """Issue 31 item 3: a replay of 200k kills with an events file remembered 200k keys (about 130 bytes each,
+    for as long as the agent ran). It remembers the last WRITTEN_KEYS_KEPT: what it holds after 3x that many
+    lines is what it held after that many, and a recent line is still not written twice."""
+    import tracemalloc
+
+    from oomwatch.model import incident_key_of_json
+    from oomwatch.sinks.events import WRITTEN_KEYS_KEPT
+
+    path = tmp_path / "events.jsonl"
+    events = EventsFile(str(path))
+    events.open()
+
+    def write(first: int, count: int) -> None:
+        for n in range(first, first + count):
+            data = incident(n)
+            events.write(data, incident_key_of_json(data))
+
+    tracemalloc.start()
+    try:
+        write(0, WRITTEN_KEYS_KEPT)
+        held_at_the_bound = tracemalloc.get_traced_memory()[0]
+        write(WRITTEN_KEYS_KEPT, 2 * WRITTEN_KEYS_KEPT)
+        held_after_three_times = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    # before: three times as much (about 130 bytes a key, every key kept)
+    assert held_after_three_times < 1.5 * held_at_the_bound, (held_at_the_bound, held_after_three_times)
+    recent = incident(3 * WRITTEN_KEYS_KEPT - 1)
+    assert events.catch_up([recent]) == 0  # remembered: not written again
+    assert len(lines(path)) == 3 * WRITTEN_KEYS_KEPT + 1  # (the last split: the file ends in a newline)
+    events.close()

@@ -27,18 +27,21 @@ local panelNames = {
   // the others empty (docs/contract.md "Metrics"), so a legend that wrote them side by side read "///a".
   // `named(expr)` adds `workload`: namespace/pod/container (namespace/pod: a pod's own cgroup); "Slurm job 42
   // step 0 on <node>" (the contract's slurmstepd scope only: a job_42 elsewhere is no Slurm job); "<cgroup> on
-  // <node>" for the rest (a unit's path is the same on every node). Built in the query (label_join and
+  // <node>" for the rest (a unit's path is the same on every node); a table with a node column leaves out " on <node>". Built in the query (label_join and
   // label_replace) rather than by a recording rule: the panels keep their own matchers and $__range, and read
   // where the mixin's rules are not loaded. Aggregations keep the node label, so one path on two nodes stays two.
   local node = cfg.nodeLabel,
   local byWorkload(extra=[]) = utils.labels(cfg, ['namespace', 'pod', 'container', 'cgroup', node] + extra),
   local slurmJob = '(?:/system[.]slice)?/(?:[^/]*_)?slurmstepd[.]scope/job_([0-9]+)',
-  local named(expr) =
-    local onNode = 'label_join(%s, "workload", " on ", "cgroup", "%s")' % [expr, node];
-    local slurm = 'label_replace(%s, "workload", "Slurm job $1 on $2", "workload", "%s on (.*)")'
-                  % [onNode, slurmJob];
-    local step = 'label_replace(%s, "workload", "Slurm job $1 step $2 on $3", "workload", "%s/step_([^/]+) on (.*)")'
-                 % [slurm, slurmJob];
+  local named(expr, onNode=true) =
+    // onNode=false: for a table with its own node column
+    local first = if onNode then 'label_join(%s, "workload", " on ", "cgroup", "%s")' % [expr, node]
+                  else 'label_replace(%s, "workload", "$1", "cgroup", "(.+)")' % expr;
+    local at(group) = if onNode then [' on $%d' % group, ' on (.*)'] else ['', ''];
+    local slurm = 'label_replace(%s, "workload", "Slurm job $1%s", "workload", "%s%s")'
+                  % [first, at(2)[0], slurmJob, at(2)[1]];
+    local step = 'label_replace(%s, "workload", "Slurm job $1 step $2%s", "workload", "%s/step_([^/]+)%s")'
+                 % [slurm, at(3)[0], slurmJob, at(3)[1]];
     local podPath = 'label_join(%s, "pod_path", "/", "namespace", "pod", "container")' % step;
     local pod = 'label_replace(%s, "workload", "$1", "pod_path", "(.+/[^/]+)/?")' % podPath;
     'label_replace(%s, "pod_path", "", "pod_path", ".*")' % pod,
@@ -48,9 +51,10 @@ local panelNames = {
   // Per step (bars): the counter's change since the previous step, `c - c offset $__interval` (Grafana's step
   // is $__interval): consecutive steps tile the time, so the bars, and their legend's sum, add up to the kills
   // counted; increase() over $__rate_interval overlaps the next step's window and counted one kill twice.
-  // A reset (an agent without --state-dir restarted) is a negative change, clamped to 0.
+  // A reset (an agent without --state-dir restarted) is a negative change, clamped to 0; a series with no sample
+  // a step ago (new, or Prometheus younger than the step) counts 0 there, as increase() would, not nothing.
   local killsInRange(selector) = 'round(increase(%s[$__range]))' % selector,
-  local killsPerStep(selector) = 'clamp_min(%s - %s offset $__interval, 0)' % [selector, selector],
+  local killsPerStep(selector) = '(clamp_min(%s - %s offset $__interval, 0) or %s * 0)' % [selector, selector, selector],
 
   // "Jobs hit by OOM kills": each workload's series joined with its job (oomwatch_workload_job_info) as last
   // seen in the time range, so a pod deleted after its kill keeps its job; one info series per workload
@@ -64,13 +68,13 @@ local panelNames = {
                         % [expr, jobKeys, jobInfo, expr],
   local jobKills(matchers) = killsInRange('oomwatch_oom_kills_total{%s%s}' % [matchers, selectors.workload]),
   local jobsHit = 'sum by (%s) (%s) > 0' % [jobBy, withJob(jobKills(''))],
-  // The killed workloads of each row, counted in the column of their type, so that a row says what it counts:
-  // Pods (Kubernetes), Slurm steps (the job's own cgroup counts as one), Units or cgroups (on each node). A
-  // column no row has is not in the table.
-  local killedWorkloads(matchers, by) = 'count by (%s) (sum by (%s) (%s) > 0)'
-                                        % [jobBy, utils.labels(cfg, ['namespace', 'job_kind', 'job_name'] + by),
-                                           withJob(jobKills(matchers))],
-  local slurmCgroup = '%s(/.*)?' % slurmJob,
+  // The killed workloads of each row, whatever their type: its pods (Kubernetes: a pod's containers are one),
+  // Slurm steps (a job's own cgroup counts as one), units or cgroups (one path on two nodes is two). One column:
+  // a column per type was empty wherever that type was not killed, and a query with no data is a panel query
+  // without data to the real-kernel tier (tests/e2e/test_real_kernel.py).
+  local killedWorkloads = 'count by (%s) (sum by (%s) (%s) > 0)'
+                          % [jobBy, utils.labels(cfg, ['namespace', 'job_kind', 'job_name', 'pod', 'cgroup', node]),
+                             withJob(jobKills(''))],
   // Tables show `workload` in place of the identity labels it is made of.
   local hiddenIdentity = { namespace: true, pod: true, container: true, cgroup: true },
 
@@ -343,7 +347,7 @@ local panelNames = {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
             expr: named('topk(10, sum by (%s) (%s) > 0)'
-                        % [byWorkload(), killsInRange('oomwatch_oom_kills_total{%(workload)s}' % selectors)]),
+                        % [byWorkload(), killsInRange('oomwatch_oom_kills_total{%(workload)s}' % selectors)], onNode=false),
             legendFormat: '',
             instant: true,
             range: false,
@@ -419,7 +423,7 @@ local panelNames = {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
             expr: 'sort_desc(%s)' % named('max by (%s) (oomwatch_last_oom_kill_timestamp_seconds{%s}) * 1000'
-                                             % [byWorkload(['instance']), selectors.workload]),
+                                             % [byWorkload(['instance']), selectors.workload], onNode=false),
             legendFormat: '',
             instant: true,
             range: false,
@@ -428,7 +432,8 @@ local panelNames = {
           {
             refId: 'B',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: named('max by (%s) (oomwatch_last_oom_kill_info{%s})' % [byWorkload(['instance', 'kind', 'scope']), selectors.workload]),
+            expr: named('max by (%s) (oomwatch_last_oom_kill_info{%s})' % [byWorkload(['instance', 'kind', 'scope']), selectors.workload],
+                        onNode=false),
             legendFormat: '',
             instant: true,
             range: false,
@@ -592,7 +597,8 @@ local panelNames = {
           {
             refId: 'A',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: named('topk(20, oomwatch_memory_working_set_bytes{%(workload)s} / oomwatch_memory_limit_bytes{%(workload)s})' % selectors),
+            expr: named('topk(20, oomwatch_memory_working_set_bytes{%(workload)s} / oomwatch_memory_limit_bytes{%(workload)s})' % selectors,
+                        onNode=false),
             legendFormat: '',
             instant: true,
             range: false,
@@ -601,7 +607,8 @@ local panelNames = {
           {
             refId: 'B',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: named('rate(oomwatch_memory_pressure_seconds_total{kind="full", %(workload)s}[$__rate_interval])' % selectors),
+            expr: named('rate(oomwatch_memory_pressure_seconds_total{kind="full", %(workload)s}[$__rate_interval])' % selectors,
+                        onNode=false),
             legendFormat: '',
             instant: true,
             range: false,
@@ -684,7 +691,7 @@ local panelNames = {
         id: 17,
         type: 'table',
         title: 'Jobs hit by OOM kills',
-        description: 'OOM kills in the time range by the job of the killed workload (oomwatch_workload_job_info): a Kubernetes pod\'s training or batch job (JobSet, PyTorchJob, TFJob, MPIJob, TrainJob, RayJob, Determined, Kueue), else its controlling owner (a batch Job, RayCluster, ReplicaSet...), a Slurm job (SlurmJob and its id). A row without a job: kills of workloads whose job the agent does not know (no Kubernetes API access, a bare pod, a systemd unit). Pods, Slurm steps, Units or cgroups: the killed workloads of the row, each in the column of its type (a column no row has is left out). Kill counts are each workload\'s increase() over the range, rounded. The explanations are not labels: each row links to the Explanations panel narrowed to the job; without Loki, to /incidents through the Recent incidents rows. Recording rules oomwatch:workload_oom_kills_total:job and oomwatch:job_oom_kills:increase1h keep the same join for alerts and long ranges.',
+        description: 'OOM kills in the time range by the job of the killed workload (oomwatch_workload_job_info): a Kubernetes pod\'s training or batch job (JobSet, PyTorchJob, TFJob, MPIJob, TrainJob, RayJob, Determined, Kueue), else its controlling owner (a batch Job, RayCluster, ReplicaSet...), a Slurm job (SlurmJob and its id). A row without a job: kills of workloads whose job the agent does not know (no Kubernetes API access, a bare pod, a systemd unit). Workloads: the killed workloads of the row: pods (Kubernetes), Slurm steps (a job\'s own cgroup counts as one), systemd units or other cgroups (one path on two nodes is two). Kill counts are each workload\'s increase() over the range, rounded. The explanations are not labels: each row links to the Explanations panel narrowed to the job; without Loki, to /incidents through the Recent incidents rows. Recording rules oomwatch:workload_oom_kills_total:job and oomwatch:job_oom_kills:increase1h keep the same join for alerts and long ranges.',
         datasource: { type: 'prometheus', uid: '${datasource}' },
         gridPos: { x: 0, y: 55, w: 12, h: 9 },
         targets: [
@@ -710,25 +717,7 @@ local panelNames = {
           {
             refId: 'C',
             datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: killedWorkloads('pod!="", ', ['pod']),
-            legendFormat: '',
-            instant: true,
-            range: false,
-            format: 'table',
-          },
-          {
-            refId: 'E',
-            datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: killedWorkloads('cgroup=~"%s", ' % slurmCgroup, ['cgroup']),
-            legendFormat: '',
-            instant: true,
-            range: false,
-            format: 'table',
-          },
-          {
-            refId: 'F',
-            datasource: { type: 'prometheus', uid: '${datasource}' },
-            expr: killedWorkloads('cgroup!="", cgroup!~"%s", ' % slurmCgroup, ['cgroup', node]),
+            expr: killedWorkloads,
             legendFormat: '',
             instant: true,
             range: false,
@@ -771,10 +760,9 @@ local panelNames = {
             options: {
               excludeByName: { Time: true },
               indexByName: { namespace: 0, job_kind: 1, job_name: 2, 'Value #A': 3, 'Value #B': 4, 'Value #C': 5,
-                             'Value #E': 6, 'Value #F': 7, 'Value #D': 8 },
+                             'Value #D': 6 },
               renameByName: { job_kind: 'Kind', job_name: 'Job', 'Value #A': 'Kills', 'Value #B': 'Group kills',
-                              'Value #C': 'Pods', 'Value #E': 'Slurm steps', 'Value #F': 'Units or cgroups',
-                              'Value #D': 'Last kill' },
+                              'Value #C': 'Workloads', 'Value #D': 'Last kill' },
             },
           },
           { id: 'sortBy', options: { sort: [{ field: 'Kills', desc: true }] } },

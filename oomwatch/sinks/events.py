@@ -15,6 +15,9 @@ before the next line, so every later line parses. The file never stops the agent
 or written is said once in the log when it starts failing and once when it works again (`failing` holds why, for
 /healthz). Each incident not written when published is counted in `errors`, and the last UNWRITTEN_KEPT of
 them are written first once writing works again (a full disk freed soon loses none).
+
+Bounded in memory whatever is replayed through it: it remembers the keys of the last WRITTEN_KEYS_KEPT lines
+(a replay of 200k kills remembered 200k keys), and a held line is kept as its encoded text, not as a dict.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ TAIL_BYTES = 8 << 20
 # Lines kept while the file cannot be written, written first once it can: a full disk freed within this many
 # incidents loses none (and the next start writes what the saved state holds and the file lacks).
 UNWRITTEN_KEPT = 1000
+# Keys of the lines last written that are remembered (the oldest forgotten first): more than the store remembers
+# of incidents and deaths (10,000 and 2,000), so what the store publishes again is still known here; about 130
+# bytes each.
+WRITTEN_KEYS_KEPT = 20_000
 # O_NOFOLLOW: a symlink planted at the path is not followed (ELOOP). O_NONBLOCK: opening a FIFO with no reader
 # fails (ENXIO) instead of waiting for one. O_NOCTTY: a terminal named by mistake does not become ours.
 _OPEN_FLAGS = os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -48,13 +55,13 @@ class EventsFile:
     def __init__(self, path: str, hold: bool = False) -> None:
         self.path = path
         self.hold = hold  # keep lines until flush(): the state that counts them is saved first
-        self._held: list[tuple[tuple, dict[str, Any]]] = []
+        self._held: list[tuple[tuple, bytes]] = []  # (key, line): encoded at once, a fraction of the dict's size
         self._lock = threading.Lock()
         self._fd: Optional[int] = None
         self._opened = False  # open() was called (and close() not yet)
         self._refused = False  # the path names something that is not a regular file: not opened again
         self._torn = False  # the file ends in a partial line: a newline goes first
-        self._written: set[tuple] = set()
+        self._written: dict[tuple, None] = {}  # the keys of the last WRITTEN_KEYS_KEPT lines, oldest first
         self.errors = 0  # incidents that could not be written when published (some may be written later)
         self.dropped = 0  # incidents never written: more than UNWRITTEN_KEPT waited
         self._unwritten: deque[tuple[Optional[tuple], bytes]] = deque()
@@ -94,7 +101,8 @@ class EventsFile:
             return False
         self._fd = fd
         if tail is not None:
-            self._written |= keys_of_tail(tail, info.st_size > len(tail))
+            for key in _keys_in_tail(tail, info.st_size > len(tail)):
+                self._remember(key)
             self._torn = bool(tail) and not tail.endswith(b"\n")
         if self._torn:
             self._write_line(b"")  # repaired now, while nothing else is being written
@@ -105,7 +113,7 @@ class EventsFile:
         if key in self._written:
             return
         if self.hold:
-            self._held.append((key, incident.to_json()))
+            self._held.append((key, _line(incident.to_json())))
             return
         self.write(incident.to_json(), key)
 
@@ -116,16 +124,16 @@ class EventsFile:
         if key is None or key in self._written:
             return
         if self.hold:
-            self._held.append((key, death_json))
+            self._held.append((key, _line(death_json)))
             return
         self.write(death_json, key)
 
     def flush(self) -> None:
         """Write the held lines (their incidents are in the saved state now)."""
         held, self._held = self._held, []
-        for key, data in held:
+        for key, line in held:
             if key not in self._written:
-                self.write(data, key)
+                self._write_line_of(key, line)
 
     def catch_up(self, published: list[dict[str, Any]]) -> int:
         """Write the incidents the saved state holds (JSON, oldest first) that the file lacks; how many."""
@@ -140,7 +148,9 @@ class EventsFile:
         """One line (the incident `key` is then known to be in the file); False when it could not be written
         now: counted, said in the log once per failing spell, and kept (up to UNWRITTEN_KEPT lines, oldest
         first) to be written before the next line once writing works again."""
-        line = (json.dumps(incident_json, sort_keys=False, separators=(",", ":")) + "\n").encode()
+        return self._write_line_of(key, _line(incident_json))
+
+    def _write_line_of(self, key: Optional[tuple], line: bytes) -> bool:
         with self._lock:
             if self._unwritten:
                 if not self._write_unwritten():
@@ -150,7 +160,7 @@ class EventsFile:
                     return True
             if self._put(line):
                 if key is not None:
-                    self._written.add(key)
+                    self._remember(key)
                 return True
             self._keep_unwritten(key, line)
             return False
@@ -184,8 +194,13 @@ class EventsFile:
                 return False
             self._unwritten.popleft()
             if key is not None:
-                self._written.add(key)
+                self._remember(key)
         return True
+
+    def _remember(self, key: tuple) -> None:
+        self._written[key] = None
+        if len(self._written) > WRITTEN_KEYS_KEPT:
+            del self._written[next(iter(self._written))]
 
     def _write_line(self, line: bytes) -> bool:
         """Append `line` (after the newline a torn last line needs) in one write: O_APPEND keeps it whole
@@ -255,10 +270,19 @@ def _read_tail(fd: int, size: int) -> Optional[bytes]:
     return b"".join(chunks)
 
 
+def _line(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, sort_keys=False, separators=(",", ":")) + "\n").encode()
+
+
 def keys_of_tail(tail: bytes, cut: bool) -> set[tuple]:
     """Keys of the incidents in an events file's tail (`cut`: its first line is partial; a torn last line
     does not parse and is skipped)."""
-    keys: set[tuple] = set()
+    return set(_keys_in_tail(tail, cut))
+
+
+def _keys_in_tail(tail: bytes, cut: bool) -> list[tuple]:
+    """keys_of_tail, in the file's order."""
+    keys: list[tuple] = []
     lines = tail.split(b"\n")
     if cut:
         lines = lines[1:]
@@ -270,7 +294,7 @@ def keys_of_tail(tail: bytes, cut: bool) -> set[tuple]:
         if isinstance(data, dict):
             key = incident_key_of_json(data) or death_key_of_json(data)
             if key is not None:
-                keys.add(_hashable(key))
+                keys.append(_hashable(key))
     return keys
 
 

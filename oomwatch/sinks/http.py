@@ -73,6 +73,25 @@ def client_cert_allowed(peer_cert: Optional[dict], allowed_sans: frozenset[str])
                for kind, value in peer_cert.get("subjectAltName", ()))
 
 
+class IncidentsBody:
+    """/incidents' body, encoded once for a given list of incidents and shared by every response until the list
+    changes (the store appends each incident's JSON once and never changes it, so the same objects in the same
+    order give the same text). 8 clients looping on /incidents after 90 group kills of 3,000 processes were 8
+    copies of a 3 MB body and of the text it was encoded from at once: 136-144 MiB of RSS."""
+
+    def __init__(self) -> None:
+        self._incidents: tuple[Any, ...] = ()
+        self._body: Optional[bytes] = None
+
+    def of(self, incidents: tuple[Any, ...]) -> bytes:
+        if self._body is None or len(incidents) != len(self._incidents) or \
+                any(a is not b for a, b in zip(incidents, self._incidents)):
+            self._body = None  # the old body goes before the new one is made
+            self._body = json.dumps(list(incidents)).encode() + b"\n"
+            self._incidents = incidents
+        return self._body
+
+
 class HttpSink:
     """The agent's port.
 
@@ -102,6 +121,7 @@ class HttpSink:
             metrics = metrics_from_registry(metrics)
             self._scrape_key = registry_scrape_key
         self._store, self._health = store, health
+        self._incidents = IncidentsBody()
         self._headers: tuple[tuple[str, str], ...] = web.headers if web else ()
         self._client_sans = None  # with RequireAndVerifyClientCert: the allowed SANs (empty: any)
         self._basic: Optional[BasicAuth] = None
@@ -177,7 +197,7 @@ class HttpSink:
         if request.path == "/metrics":
             return Scrape(self._scrape_key(request.headers.get("accept", "")), extra)
         if request.path == "/incidents":
-            return Response(200, _JSON, json.dumps(list(self._store.snapshot().incidents)).encode() + b"\n", extra)
+            return Response(200, _JSON, self._incidents.of(tuple(self._store.snapshot().incidents)), extra)
         if request.path == "/":
             return Response(200, _TEXT, b"oomwatch: /metrics /healthz /incidents\n", extra)
         return Response(404, _TEXT, b"not found\n", extra)

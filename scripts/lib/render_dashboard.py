@@ -396,6 +396,9 @@ def table_frame(panel: dict, data: dict) -> tuple[list[str], list[dict]]:
         opts = t.get("options", {})
         if t["id"] == "organize":
             columns = [c for c in columns if not opts.get("excludeByName", {}).get(c)]
+            # as Grafana orders them: the fields indexByName places, by its index, then the others as they came
+            index = opts.get("indexByName", {})
+            columns.sort(key=lambda c: index.get(c, math.inf))
             rename = opts.get("renameByName", {})
             rows = [{rename.get(k, k): v for k, v in r.items()} for r in rows]
             columns = [rename.get(c, c) for c in columns]
@@ -576,9 +579,11 @@ def caption_text(results: dict) -> str:
         "its OOM reports fed after some scrapes at 0. Every panel of deploy/grafana/oomwatch-dashboard.json, "
         "its queries as Grafana sends them (x axes: seconds into the run; variables: " + ", ".join(f"{k}={v}" for k, v in
                                                                   sorted(results["variables"].items()))
-        + "); the dashboard's decimals (0 for counts: increase() extrapolates to the window's edges). No "
+        + "); counts as the dashboard queries them: each series' increase() over the range rounded, bars the "
+        "counter's change per step. No "
         "detection latency: the agent measures it only for live /dev/kmsg records, not a saved log; no "
-        "OOMKilled verdicts: no kube-state-metrics here; no job names in Jobs hit by OOM kills: the agents run "
+        "OOMKilled verdicts: no kube-state-metrics here; no working set (At risk): the captured cgroup trees have no "
+        "memory.stat; no job names in Jobs hit by OOM kills: the agents run "
         "without a Kubernetes API here (its rows are the kills without a known job); no explanations panel: no "
         "Loki here (a placeholder shows its LogQL).")
 

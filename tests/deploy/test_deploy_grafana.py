@@ -169,7 +169,7 @@ def test_jobs_table_joins_each_kill_to_its_job_and_keeps_the_others() -> None:
     (topk: a many-to-many match would fail the whole query) and keeps the kills of workloads without a job."""
     jobs = panel("Jobs hit by OOM kills")
     targets = jobs["targets"]
-    assert [t["refId"] for t in targets] == ["A", "B", "C", "E", "F", "D"]
+    assert [t["refId"] for t in targets] == ["A", "B", "C", "D"]
     for t in targets:
         assert t["instant"] and t["format"] == "table", t["refId"]
         expr = t["expr"]
@@ -178,9 +178,8 @@ def test_jobs_table_joins_each_kill_to_its_job_and_keeps_the_others() -> None:
         assert "or ignoring (job_kind, job_name)" in expr, t["refId"]
         assert "by (namespace, job_kind, job_name" in expr, t["refId"]
     renamed = next(x for x in jobs["transformations"] if x["id"] == "organize")["options"]["renameByName"]
-    assert set(renamed.values()) == {"Kind", "Job", "Kills", "Group kills", "Pods", "Slurm steps", "Units or cgroups",
-                                     "Last kill"}
-    assert 'kind="group"' in targets[1]["expr"] and "oomwatch_last_oom_kill_timestamp_seconds" in targets[5]["expr"]
+    assert set(renamed.values()) == {"Kind", "Job", "Kills", "Group kills", "Workloads", "Last kill"}
+    assert 'kind="group"' in targets[1]["expr"] and "oomwatch_last_oom_kill_timestamp_seconds" in targets[3]["expr"]
     # each row links to the explanations of its job
     (link,) = jobs["fieldConfig"]["defaults"]["links"]
     assert "var-job=${__data.fields.job_name}" in link["url"] and "${logs:queryparam}" in link["url"]
@@ -356,14 +355,12 @@ def test_kill_counts_are_rounded_or_counted_per_step() -> None:
     assert counted >= 10
 
 
-def test_jobs_table_counts_each_workload_type_in_its_own_column() -> None:
-    """Pods for Kubernetes, Slurm steps for Slurm's cgroups, Units or cgroups for the rest: a plain cgroup is no
-    pod. Each column's query selects only its type."""
+def test_jobs_table_counts_workloads_of_every_type_not_pods() -> None:
+    """A plain cgroup is no pod: the count column is Workloads, one per pod (its containers are one), Slurm step,
+    unit or cgroup on its node."""
     jobs = panel("Jobs hit by OOM kills")
-    by_ref = {t["refId"]: t["expr"] for t in jobs["targets"]}
+    count = next(t["expr"] for t in jobs["targets"] if t["refId"] == "C")
     renamed = next(x for x in jobs["transformations"] if x["id"] == "organize")["options"]["renameByName"]
-    assert (renamed["Value #C"], renamed["Value #E"], renamed["Value #F"]) == ("Pods", "Slurm steps",
-                                                                            "Units or cgroups")
-    assert 'pod!=""' in by_ref["C"] and "sum by (namespace, job_kind, job_name, pod)" in by_ref["C"]
-    assert 'cgroup=~"' in by_ref["E"] and "slurmstepd[.]scope/job_" in by_ref["E"]
-    assert 'cgroup!="", cgroup!~"' in by_ref["F"] and "sum by (namespace, job_kind, job_name, cgroup, node)" in by_ref["F"]
+    assert renamed["Value #C"] == "Workloads" and "Pods" not in renamed.values()
+    assert count.startswith("count by (namespace, job_kind, job_name) "
+                            "(sum by (namespace, job_kind, job_name, pod, cgroup, node) (")

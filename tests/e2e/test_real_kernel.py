@@ -566,11 +566,11 @@ def test_every_dashboard_panel_returns_data(e2e: E2ERun):
 
 
 def test_dashboard_shows_the_kill_prometheus_saw(e2e: E2ERun):
-    """The in-window kill (kernel's record) is the one row of "Top containers by OOM kills"."""
+    """The in-window kill (kernel's record) is the one row of "Top workloads by OOM kills"."""
     sc, d = dashboard_run(e2e)
     assert len(sc.kernel) == 1
     _, wl = victim_workload(sc, sc.kernel[0])
-    top = next(q for q in d["queries"] if q["panel"] == "Top containers by OOM kills")
+    top = next(q for q in d["queries"] if q["panel"] == "Top workloads by OOM kills")
     keys = ("namespace", "pod", "container")
     rows = [{key: r["metric"].get(key) for key in keys} for r in top["result"]]
     assert {"namespace": wl["namespace"], "pod": wl["pod"], "container": wl["container"]} in rows, rows
