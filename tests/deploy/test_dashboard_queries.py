@@ -124,15 +124,7 @@ def jobset_scrapes() -> tuple[str, str]:
 
 def two_scrape_series(before: str, after: str, at: int = 3, samples: int = 11) -> list[dict[str, str]]:
     """promtool input series: each sample of `before` until minute `at`, then of `after` (absent: `_`)."""
-    def parse(text: str) -> dict[str, str]:
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, labels, value = _SAMPLE.match(line).groups()
-                labels = ",".join(part for part in (labels, SCRAPE_LABELS) if part)
-                out[f"{name}{{{labels}}}"] = {"+Inf": "Inf"}.get(value, value)
-        return out
-    first, second = parse(before), parse(after)
+    first, second = scrape_series(before, SCRAPE_LABELS), scrape_series(after, SCRAPE_LABELS)
     return [{"series": s, "values": " ".join([first.get(s, "_")] * at + [second.get(s, "_")] * (samples - at))}
             for s in sorted(set(first) | set(second))]
 
