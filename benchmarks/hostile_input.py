@@ -464,6 +464,69 @@ def watcher_removal(scale: float, before: Optional[str]) -> str:
     return "\n    ".join(lines)
 
 
+def delegated_flood(scale: float) -> str:
+    """Issue 31, item 1: one logged-in user makes 20,000 scopes with limits and hostile names under its
+    user@1000.service (its directory and what is below owned by uid 1000, as systemd delegates it), then a pod
+    starts. Printed: the agent's series, a scrape's size and time, whether the pod is exported, /healthz."""
+    import urllib.error
+    import urllib.request
+
+    if os.geteuid() != 0:
+        return "skipped (chown needs root)"
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from churn import FILES, free_port, get
+
+    scopes = max(100, int(20_000 * scale))
+    root = tempfile.mkdtemp(prefix="oomwatch-bench-deleg-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    work = tempfile.mkdtemp(prefix="oomwatch-bench-deleg-run-")
+
+    def cgroup(path: str, owner: int = 0, limit: str = "max\n") -> str:
+        os.makedirs(path, exist_ok=True)
+        for name, text in {**FILES, "memory.max": limit}.items():
+            with open(os.path.join(path, name), "w") as f:
+                f.write(text)
+        os.chown(path, owner, owner)
+        return path
+
+    Path(root, "cgroup.controllers").write_text("cpu memory pids\n")
+    user = cgroup(os.path.join(root, "user.slice", "user-1000.slice", "user@1000.service"), 1000)
+    app = cgroup(os.path.join(user, "app.slice"), 1000)
+    for i in range(scopes):
+        cgroup(os.path.join(app, f"x\u202e{i:05d}\x1b.scope"), 1000, "1073741824\n")
+    kmsg = os.path.join(work, "boot.kmsg")  # a saved log with one line: a kernel log, healthy
+    Path(kmsg).write_text("[    0.000000] Linux version 6.1.0 (benchmark)\n")
+    port = free_port()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "oomwatch", "agent", "--listen", f"127.0.0.1:{port}", "--kmsg", kmsg, "--cgroup-root",
+         root, "--kube-api", "off", "--kubelet-config", os.path.join(work, "none.yaml"), "--run-root",
+         os.path.join(work, "run"), "--pod-log-dir", os.path.join(work, "pods"), "--journal", "off"],
+        cwd=str(REPO), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while "starting" in (get(port, "/healthz", timeout=5.0) or "starting") and agent.poll() is None:
+            time.sleep(0.1)
+        pod = os.path.join(root, "kubepods", "burstable", "pod0f0e0d0c-0000-4000-8000-000000000001")
+        cgroup(os.path.join(pod, "c" * 64), 0, "1073741824\n")
+        deadline = time.monotonic() + 60
+        body = ""
+        while time.monotonic() < deadline and "c" * 64 not in body:
+            time.sleep(0.5)
+            start = time.perf_counter()
+            body = get(port, "/metrics") or ""
+            scrape_s = time.perf_counter() - start
+        series = sum(1 for line in body.splitlines() if line and not line.startswith("#"))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as response:
+            health = response.status
+    except urllib.error.HTTPError as exc:
+        health = exc.code
+    finally:
+        agent.terminate()
+        agent.wait(30)
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    return (f"{scopes:,} scopes of uid 1000: {series:,} series, scrape {len(body) / 1e6:.2f} MB in {scrape_s:.2f} s, "
+            f"pod started after them exported: {'c' * 64 in body}, /healthz {health}")
+
+
 def statcache_forget(scale: float) -> str:
     from oomwatch.sources.cgroupfs import CgroupFS
     from oomwatch.sources.statcache import StatCache, _Entry
@@ -493,6 +556,7 @@ def agent_main(scale: float, before: Optional[str]) -> None:
         ("watcher out of inotify watches", lambda: watcher_out_of_watches(scale, before)),
         ("watcher removal cost", lambda: watcher_removal(scale, before)),
         ("stat cache removal cost", lambda: statcache_forget(scale)),
+        ("20,000 hostile scopes of one user, then a pod", lambda: delegated_flood(scale)),
     ]
     for name, case in cases:
         start = time.perf_counter()

@@ -144,6 +144,8 @@ class Store:
                 # the grace period like those of a workload that went away.
                 self._new(labels, gone_since=self._clock())
                 self._cap()
+                if labels not in self._workloads:  # the store is full of live workloads: counted on the node only
+                    continue
             counters = self._own(labels)
             kills, killed = dict(counters.kills), dict(counters.killed)
             kills[incident.kind] += 1
@@ -184,6 +186,9 @@ class Store:
             if labels not in self._workloads:  # its cgroup already gone: kept visible for the grace period
                 self._new(labels, gone_since=self._clock())
                 self._cap()
+            if labels not in self._workloads:  # the store is full of live workloads: in the deaths' JSON only
+                self._deaths.append(death_json)
+                return True
             counters = self._own(labels)
             if counters.gone_since is not None:
                 counters.gone_since = self._clock()

@@ -106,3 +106,17 @@ def test_the_stored_incidents_are_encoded_once_and_written_as_json_dumps_writes_
     finally:
         statefile.json.dumps = real_dumps
         state_file.unlock()
+
+
+def test_a_kill_of_a_workload_the_full_store_cannot_take_counts_on_the_node() -> None:
+    """Every workload live and the cap reached: a kill in a workload known only from the log gets no series of its
+    own (the store cannot drop a live one for it), and is still counted on the node and kept in the incidents."""
+    store = Store(clock=lambda: 0.0, max_workloads=2)
+    for name in ("/a", "/b"):
+        store.seen(("", "", "", name))
+    assert store.publish(kill_in("/gone", 1))
+    snap = store.snapshot()
+    assert set(snap.workloads) == {("", "", "", "/a"), ("", "", "", "/b")}
+    assert sum(snap.node_kills.values()) == 1 and len(snap.incidents) == 1
+    assert store.count_death(("k",), "userspace", ("", "", "", "/gone"), {"cause": "userspace"})
+    assert set(store.snapshot().workloads) == {("", "", "", "/a"), ("", "", "", "/b")}

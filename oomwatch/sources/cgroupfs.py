@@ -487,6 +487,9 @@ class CgroupWatcher:
         poller.register(self._stop_r, select.POLLIN)
         self.alive = True
         rescan_at = time.monotonic() + UNWATCHED_RESCAN_SECONDS
+        # What a cgroup's watches say that matters: a file modified, the directory itself gone, a child directory
+        # made, removed or moved (IN_ISDIR is set only for directories)
+        wanted = flags.MODIFY | flags.DELETE_SELF | flags.ISDIR
         try:
             while True:
                 # Blocks for good while everything is watched; wakes to list unwatched directories otherwise.
@@ -512,6 +515,8 @@ class CgroupWatcher:
                     if event.mask & flags.Q_OVERFLOW:
                         overflowed = True  # one rescan for the batch, after its events (it sees what they said)
                         continue
+                    if not event.mask & wanted:
+                        continue  # a watch dropped with its file, a file made or removed in a cgroup: 5 of 7 a rmdir
                     watched = self._watched(event.wd)
                     if watched is None:
                         continue
