@@ -5,6 +5,7 @@ the agent's state directory, events file and cgroup watcher (issue 19).
     .venv/bin/python benchmarks/hostile_input.py 0.1      # a tenth of each
     .venv/bin/python benchmarks/hostile_input.py 1 agent  # only the agent's cases (or: kmsg)
     .venv/bin/python benchmarks/hostile_input.py 0.25 agent --before e534e78   # the watcher cases of that commit too
+    .venv/bin/python benchmarks/hostile_input.py 1 input --before 40b15e4   # what a tenant's text does (issue 31)
 
 Each case is written to a temporary file and read, in a child process, by `build_report` (reader, correlator,
 explanation; default --limit 20) and `render_text`, as `oomwatch inspect --kmsg FILE` does. Printed: seconds,
@@ -75,6 +76,8 @@ def main() -> int:
         kmsg_main(scale)
     if only in (None, "agent"):
         agent_main(scale, before)
+    if only in (None, "input"):
+        input_main(scale, before)
     return 0
 
 
@@ -562,6 +565,178 @@ def agent_main(scale: float, before: Optional[str]) -> None:
         start = time.perf_counter()
         result = case()
         print(f"{name:<44} {result}  [{time.perf_counter() - start:.1f} s]", flush=True)
+
+
+# --- what a tenant's text does to what people read (issue 31: items 5, 7, 9) ----------------------------------
+#
+# Each case runs `oomwatch` (this tree, and with --before that commit's package) in a child process on input a
+# tenant controls: the figure is what a person or Prometheus then gets, and how long it took.
+
+INPUT_CHILD_TIMEOUT = 60.0
+
+
+def _oomwatch(source: Optional[str], args: list[str], timeout: float = INPUT_CHILD_TIMEOUT) -> tuple[int, str, str,
+                                                                                                       float]:
+    """(exit status, stdout, stderr, seconds) of `python -m oomwatch ARGS` from `source` (None: this tree); exit
+    status -9 when it was still running after `timeout` s and was killed."""
+    env = dict(os.environ, PYTHONPATH=source or str(REPO), COLUMNS="100")
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "oomwatch", *args], env=env, capture_output=True,
+                              timeout=timeout, cwd=source or REPO)  # (-m puts the working directory first)
+        code, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, out, err = -9, exc.stdout or b"", exc.stderr or b""
+    return (code, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), time.perf_counter() - start)
+
+
+def _said(code: int, err: str, took: float) -> str:
+    if code == -9:
+        return f"still running after {took:.0f} s (killed)"
+    traceback = err.splitlines()[-1][:70] if "Traceback" in err else None
+    last = (err.strip().splitlines() or [""])[-1][:90]
+    return (f"exit {code} in {took:.1f} s" + (f", traceback: {traceback}" if traceback else f": {last}" if last
+                                                 else ""))
+
+
+def _golden_incident() -> dict:
+    incident = json.loads((REPO / "fixtures/golden/k8s-runc/expected-incidents.json").read_text())[0]
+    incident["workload"]["job"] = {"kind": "JobSet", "name": "train"}
+    return incident
+
+
+def job_wrong_types(scale: float, source: Optional[str], tmp: str) -> str:
+    """`inspect --job` on an events file of N records, every tenth of a wrong type (a string where an object is)."""
+    n = max(10, int(10_000 * scale))
+    good = _golden_incident()
+    lines = []
+    for i in range(n):
+        record = json.loads(json.dumps(good))
+        if i % 10 == 0:
+            record["killed"] = {"pid": i} if i % 20 else "dd"
+        lines.append(json.dumps(record))
+    path = os.path.join(tmp, "events.jsonl")
+    Path(path).write_text("\n".join(lines) + "\n")
+    code, out, err, took = _oomwatch(source, ["inspect", "--cgroup-root", tmp, "--job", "train", "--incidents",
+                                              path, "--no-color"])
+    note = next((line.strip() for line in out.splitlines() if "wrong type" in line), "")
+    return _said(code, err, took) + (f"; note: {note[:60]}…" if note else "")
+
+
+def job_deep_json(scale: float, source: Optional[str], tmp: str) -> str:
+    """`inspect --job` on an events file whose one line is 100,000 `[` deep."""
+    path = os.path.join(tmp, "deep.jsonl")
+    Path(path).write_text("[" * 100_000 + "]" * 100_000 + "\n" + json.dumps(_golden_incident()) + "\n")
+    code, _, err, took = _oomwatch(source, ["inspect", "--cgroup-root", tmp, "--job", "train", "--incidents",
+                                            path, "--no-color"])
+    return _said(code, err, took)
+
+
+def job_trickling_url(scale: float, source: Optional[str], tmp: str) -> str:
+    """`inspect --job --incidents URL` against a server that sends one byte every 5 s."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.5)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            conn.recv(65536)
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"[" * 100_000:
+                if stop.wait(5.0):
+                    break
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    break
+            conn.close()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        code, _, err, took = _oomwatch(source, ["inspect", "--cgroup-root", tmp, "--job", "train", "--incidents",
+                                                url, "--no-color"])
+    finally:
+        stop.set()
+        server.join()
+        listener.close()
+    return _said(code, err, took)
+
+
+def terminal_escapes(scale: float, source: Optional[str], tmp: str) -> str:
+    """`inspect --no-color` on a real capture whose killed process is named `\\x1b]0;PWNED\\x07` and whose cgroup
+    carries an OSC 52 clipboard write, escaped as /dev/kmsg escapes them: control bytes in the output."""
+    import re
+
+    text = (REPO / "fixtures/kmsg/linux-6.1-systemd-units.kmsg").read_bytes()
+    text = re.sub(rb"(?<=[ =(])dd(?=[ ,)\n])", lambda m: rb"\x1b]0;PWNED\x07\xc2\x9b", text)
+    text = text.replace(b"oomtest-hog.service", rb"oomtest-hog\x1b]52;c;cHduZWQ=\x07.service")
+    path = os.path.join(tmp, "hostile.kmsg")
+    Path(path).write_bytes(text)
+    code, out, err, took = _oomwatch(source, ["inspect", "--kmsg", path, "--boot-time", "2026-01-01T00:00:00",
+                                              "--no-color"])
+    sent = len(re.findall("[\x00-\x09\x0b-\x1f\x7f-\x9f]", out))
+    return f"{sent} control characters sent to the terminal ({out.count(chr(0x1b))} ESC), " + _said(code, err, took)
+
+
+JOB_INFO_CHILD = """
+import sys
+sys.path.insert(0, {source!r})
+from oomwatch.model import CgroupStats, Workload
+from oomwatch.sinks.collector import NodeInfo, OomwatchCollector
+from oomwatch.store import Store
+huge = "a" * 150_000 + "\\x00\\x1b]52;c;cHduZWQ=\\x07" + "b" * 150_000
+rows, live, store = [], [], Store()
+for i in range({pods}):
+    labels = ("ml", f"train-{{i}}", "", "")
+    w = Workload(type="k8s-pod", cgroup=f"/kubepods/pod{{i}}", namespace="ml", pod=f"train-{{i}}",
+                 owner={{"kind": "Job", "name": huge + str(i)}})
+    rows.append((w.cgroup, labels, w))
+    store.seen(labels)
+    live.append((labels, CgroupStats(path=w.cgroup, oom_group=1, events={{}}, limit_bytes=1.0, usage_bytes=1)))
+body = OomwatchCollector(store, lambda: live, lambda: NodeInfo("6.1", "2", "false"),
+                         workloads=lambda: rows).exposition()
+lines = [line for line in body.split(b"\\n") if line.startswith(b"oomwatch_workload_job_info")]
+print(len(body), max(map(len, lines)), sum(line.count(b"\\x1b") + line.count(b"\\x00") for line in lines))
+"""
+
+
+def job_info_owner_name(scale: float, source: Optional[str], tmp: str) -> str:
+    """A scrape of pods whose ownerReference name is 300,000 characters with NUL and ESC (10 pods at scale 1)."""
+    pods = max(1, int(10 * scale))
+    done = subprocess.run([sys.executable, "-c", JOB_INFO_CHILD.format(source=source or str(REPO), pods=pods)],
+                          capture_output=True, text=True, timeout=INPUT_CHILD_TIMEOUT)
+    if done.returncode != 0:
+        return f"failed: {done.stderr.strip().splitlines()[-1][:80]}"
+    size, line, controls = map(int, done.stdout.split())
+    return f"{pods} pods: /metrics {size / 1e6:.2f} MB, job_info line {line:,} bytes, {controls} NUL/ESC bytes"
+
+
+def input_main(scale: float, before: Optional[str]) -> None:
+    print(f"# load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores", flush=True)
+    with tempfile.TemporaryDirectory() as old:
+        if before:  # the oomwatch package of that commit, unpacked
+            archive = subprocess.run(["git", "-C", str(REPO), "archive", before, "oomwatch"], check=True,
+                                     capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+        sources = [(None, "this tree")] + ([(old, before)] if before else [])
+        for name, case in (("inspect --job, every 10th record a wrong type", job_wrong_types),
+                           ("inspect --job, a line 100,000 deep", job_deep_json),
+                           ("inspect --job, a URL sending 1 byte / 5 s", job_trickling_url),
+                           ("inspect --no-color, a hostile comm and cgroup", terminal_escapes),
+                           ("job_info, a 300,000-character owner name", job_info_owner_name)):
+            for source, label in sources:
+                with tempfile.TemporaryDirectory() as tmp:
+                    print(f"{name} ({label}): {case(scale, source, tmp)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -70,15 +70,14 @@ _INCIDENT_DEFAULTS = {"kind": "unknown", "scope": "unknown", "explanation": "", 
 
 
 def _depth(value: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether `value` nests at most `limit` containers deep (walked without recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth > limit:
-                return False
-            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return True
+    """Whether `value` nests at most `limit` containers deep (walked level by level, without recursion)."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    for _ in range(limit):
+        if not level:
+            return True
+        level = [v for item in level for v in (item.values() if isinstance(item, dict) else item)
+                 if isinstance(v, (dict, list))]
+    return not level
 
 
 def _wrong(record: dict[str, Any], types: dict[str, Any], where: str) -> Optional[str]:
@@ -111,10 +110,11 @@ def _time_problem(record: dict[str, Any]) -> Optional[str]:
     return None
 
 
-def incident_problem(record: dict[str, Any]) -> Optional[str]:
+def incident_problem(record: dict[str, Any], shallow: bool = False) -> Optional[str]:
     """Why `record` cannot be an incident of the report (a field of the wrong type, nesting too deep), or None.
-    Missing fields the report reads are filled in (`_INCIDENT_DEFAULTS`); unknown fields are kept."""
-    if not _depth(record):
+    Missing fields the report reads are filled in (`_INCIDENT_DEFAULTS`); unknown fields are kept. `shallow`:
+    known to nest no deeper than MAX_DEPTH (its text has fewer brackets)."""
+    if not shallow and not _depth(record):
         return f"nested deeper than {MAX_DEPTH}"
     problem = _wrong(record, _INCIDENT, "") or _time_problem(record)
     if problem:
@@ -146,9 +146,9 @@ def incident_problem(record: dict[str, Any]) -> Optional[str]:
     return None
 
 
-def death_problem(record: dict[str, Any]) -> Optional[str]:
+def death_problem(record: dict[str, Any], shallow: bool = False) -> Optional[str]:
     """Why `record` (a death's verdict line) cannot be shown, or None."""
-    if not _depth(record):
+    if not shallow and not _depth(record):
         return f"nested deeper than {MAX_DEPTH}"
     return _wrong(record, _DEATH, "") or _time_problem(record) or (
         _wrong(record["workload"], _WORKLOAD, "workload.") if record.get("workload") else None)
@@ -178,12 +178,14 @@ def parse_events_lines(lines: list[str], deaths: Optional[list] = None,
         except ValueError:
             bad += 1
             continue
+        # (a line with fewer opening brackets than MAX_DEPTH cannot nest deeper: most are not walked)
+        shallow = line.count("{") + line.count("[") <= MAX_DEPTH
         if isinstance(value, dict) and value.get("record") == "death":
-            problem = death_problem(value)
+            problem = death_problem(value, shallow)
             if problem is None and deaths is not None:
                 deaths.append(value)
         elif isinstance(value, dict) and "workload" in value and "time" in value:
-            problem = incident_problem(value)
+            problem = incident_problem(value, shallow)
             if problem is None:
                 incidents.append(value)
         else:
