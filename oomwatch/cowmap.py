@@ -94,6 +94,12 @@ class FrozenMap(Mapping):
     def __len__(self) -> int:
         return self._len
 
+    @property
+    def chunks(self) -> tuple:
+        """The chunks of slots, in order, as frozen (shared with the CowMap and other frozen copies until a change
+        copies one): what a copy costs, for tests and diagnostics."""
+        return self._chunks
+
     def _entries(self) -> Iterator[tuple[Any, Any]]:
         for chunk in self._chunks:
             for entry in chunk:
@@ -132,6 +138,11 @@ class _Entries:
 
     def __init__(self, frozen: FrozenMap, what: int) -> None:
         self._map, self._what = frozen, what
+
+    @property
+    def mapping(self) -> FrozenMap:
+        """The frozen mapping these are the items or values of."""
+        return self._map
 
     def __len__(self) -> int:
         return len(self._map)

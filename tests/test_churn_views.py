@@ -20,9 +20,9 @@ def test_a_frozen_copy_never_changes_and_later_changes_copy_one_chunk() -> None:
     assert dict(before.items()) == {f"/w{i}": i for i in range(5 * CHUNK)}  # untouched by what came after
     assert list(after)[:4] == ["/w0", "/w1", "/w2", "/w3"] and after["/w3"] == "changed"  # a change keeps its place
     assert f"/w{CHUNK + 1}" not in after and list(after)[-1] == "/new" and len(after) == 5 * CHUNK
-    shared = [a is b for a, b in zip(before._chunks, after._chunks)]
+    shared = [a is b for a, b in zip(before.chunks, after.chunks)]
     assert shared == [False, False, True, True, True]  # only the chunks changed were copied
-    assert len(after._chunks) == 6  # (the appended entry in a chunk of its own: the others were full)
+    assert len(after.chunks) == 6  # (the appended entry in a chunk of its own: the others were full)
 
 
 def test_removals_are_packed_away_and_order_kept() -> None:
@@ -35,7 +35,7 @@ def test_removals_are_packed_away_and_order_kept() -> None:
     frozen = cow.frozen()
     expected = {i: ("x" if i % 20 == 0 else str(i)) for i in range(0, 10_000, 10)}
     assert list(frozen.items()) == list(expected.items())
-    assert sum(len(chunk) for chunk in frozen._chunks) < 10_000  # packed: the removed slots are gone
+    assert sum(len(chunk) for chunk in frozen.chunks) < 10_000  # packed: the removed slots are gone
 
 
 def test_a_snapshot_shares_the_counters_nothing_changed() -> None:
@@ -61,7 +61,7 @@ def test_views_follow_adds_removals_and_relabels() -> None:
     after = replay.pipeline.view()
     assert [path for path, _, _ in after.workloads] == [f"/w{i}" for i in range(3 * CHUNK) if i != 5]
     assert len(before.workloads) == 3 * CHUNK and len(after.workloads) == 3 * CHUNK - 1
-    assert before.workloads._map._chunks[1] is after.workloads._map._chunks[1]
+    assert before.workloads.mapping.chunks[1] is after.workloads.mapping.chunks[1]
 
 
 def test_expiry_drops_in_the_order_workloads_went_whatever_came_back_between() -> None:
