@@ -19,6 +19,7 @@ this module's class of characters.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Any
@@ -31,6 +32,9 @@ _LINE_CONTROLS = "\n\t"
 CONTROLS = _LINE_CONTROLS + _OTHER_CONTROLS
 _ANY_CONTROL = re.compile(f"[{CONTROLS}]")
 _CONTROL_BUT_LINES = re.compile(f"[{_OTHER_CONTROLS}]")
+# A control character in json.dumps(ensure_ascii=False)'s text: C0 and DEL come escaped (`\n`, `\u001b`), the
+# others as they are. (A name's own backslash followed by `n` matches too: only a walk more.)
+_CONTROL_IN_JSON = re.compile(f"[{_OTHER_CONTROLS}]|\\\\(?:u00[01]|u007f|[bfnrt])")
 # The colour sequences oomwatch.inspect.Style writes (Select Graphic Rendition only), kept when colour is on.
 _SGR = re.compile("(\x1b\\[[0-9;]{0,16}m)")
 
@@ -61,13 +65,23 @@ def visible_lines(text: str) -> str:
 
 def visible_data(value: Any) -> Any:
     """A report (dicts, lists, strings, numbers) with every string made `visible`, keys too: what a renderer
-    formats then holds no control character of its own, and colour can be added around it."""
+    formats then holds no control character of its own, and colour can be added around it. A report without
+    any is returned as it is (one json.dumps tells, far faster than walking it)."""
+    try:
+        if not _CONTROL_IN_JSON.search(json.dumps(value, ensure_ascii=False)):
+            return value
+    except (TypeError, ValueError):
+        pass  # not all JSON (a set, an object): walked
+    return _visible_walk(value)
+
+
+def _visible_walk(value: Any) -> Any:
     if isinstance(value, str):
         return visible(value)
     if isinstance(value, dict):
-        return {visible(k) if isinstance(k, str) else k: visible_data(v) for k, v in value.items()}
+        return {visible(k) if isinstance(k, str) else k: _visible_walk(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [visible_data(v) for v in value]
+        return [_visible_walk(v) for v in value]
     return value
 
 

@@ -136,6 +136,12 @@ def test_every_control_character_is_shown_and_nothing_else_changes() -> None:
     assert visible(plain) == visible_lines(plain) == plain
     assert visible_lines("a\n\tb\rc") == "a\n\tb\\x0dc"
     assert visible_data({"k\x1b": ["\x07", ("\x9b",), 1, None]}) == {"k\\x1b": ["\\x07", ["\\x9b"], 1, None]}
+    # Each control character alone, deep in a report (json.dumps escapes C0 itself: the quick check must see it).
+    for char in ["\x1b", "\n", "\t", "\r", "\x00", "\x7f", "\x9b", "\u202e"]:
+        report = {"incidents": [{"killed": [{"comm": f"a{char}[31mb", "pid": 1}]}]}
+        assert visible_data(report)["incidents"][0]["killed"][0]["comm"] == f"a{visible(char)}[31mb"
+    plain = {"incidents": [{"comm": "dd", "path": "/sys\\x2d.slice", "size": float("inf")}]}
+    assert visible_data(plain) is plain  # nothing to show: the report itself
 
 
 def test_colour_keeps_only_the_renderers_sequences() -> None:
