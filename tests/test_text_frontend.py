@@ -10,7 +10,8 @@ The renderers below print what the tools print (read from their sources):
   `%b %e일 (%a) %H:%M:%S` (no year) for ko; the names are glibc's (localedata/locales: zh_CN abmon `11月`, ja_JP
   abmon ` 1月`…`12月`, ko_KR abmon ` 1월`…).
 - systemd journalctl -o short (logs-show.c, output_short / print_multiline): strftime("%b %d %H:%M:%S") in the
-  locale, the host, `kernel: `, the text; later lines indented by the prefix's width in bytes.
+  locale, the host, `kernel: `, the text; later lines indented by the prefix's width in bytes. `-o verbose`
+  (output_verbose): each field `    KEY=value`, a value's later lines indented under it.
 """
 
 from __future__ import annotations
@@ -80,6 +81,20 @@ def journalctl_short(records: list[KmsgRecord], locale: str = "C") -> str:
     return render(records, lambda r: f"{strftime('%b %d %H:%M:%S', wall(r), locale)} virtme-ng kernel: ")
 
 
+def journalctl_verbose(records: list[KmsgRecord]) -> str:
+    """`journalctl -k -o verbose` (logs-show.c output_verbose): a head line with the cursor (`t=` the realtime in
+    hex microseconds), then each field `    KEY=value`, a multi-line value's later lines indented under it."""
+    out = []
+    for i, r in enumerate(records):
+        realtime = int(BOOT_TIME * 1_000_000) + r.usec
+        out.append(f"{wall(r).strftime('%a %Y-%m-%d %H:%M:%S.%f')} UTC [s=5a1b2c3d;i={i:x};b=8e2c4f1a;m={r.usec:x};"
+                   f"t={realtime:x};x=8c1d2e3f]")
+        out += [f"    _TRANSPORT=kernel", f"    PRIORITY={r.priority & 7}", f"    SYSLOG_IDENTIFIER=kernel",
+                f"    _SOURCE_MONOTONIC_TIMESTAMP={r.usec}",
+                "    MESSAGE=" + r.text.replace("\n", "\n" + " " * len("    MESSAGE=")), "    _HOSTNAME=virtme-ng"]
+    return "\n".join(out) + "\n"
+
+
 def report_of(path: Path) -> dict:
     return build_report(Config(kmsg=str(path), boot_time=BOOT_TIME), node_view=False,
                         clock=lambda: BOOT_TIME + 86400, tz=UTC)
@@ -98,6 +113,7 @@ RENDERINGS = {
     "journalctl -k": (journalctl_short, "seconds"),
     "journalctl -k zh_CN": (lambda r: journalctl_short(r, "zh_CN"), "seconds"),
     "journalctl -k ja_JP": (lambda r: journalctl_short(r, "ja_JP"), "seconds"),
+    "journalctl -k -o verbose": (journalctl_verbose, "usec"),
     "dmesg -T zh_CN": (lambda r: dmesg_T(r, "zh_CN"), "seconds"),
     "dmesg -T ja_JP": (lambda r: dmesg_T(r, "ja_JP"), "seconds"),
     "dmesg -T ko_KR": (lambda r: dmesg_T(r, "ko_KR"), "seconds"),

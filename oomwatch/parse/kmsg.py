@@ -165,6 +165,7 @@ _VERBOSE_HEAD = re.compile(rb"^(?:\S{1,16} )?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.
                            rb"\[s=[0-9a-f]{1,64};i=[0-9a-f]{1,16};b=[0-9a-f]{1,64};m=[0-9a-f]{1,16};"
                            rb"t=(?P<t>[0-9a-f]{1,16});x=[0-9a-f]{1,64}\]$")
 _VERBOSE_FIELD = re.compile(rb"^(?P<key>[A-Z0-9_]{1,64})=(?P<value>.*)$", re.S)
+_VERBOSE_INDENT = 4  # of each field's line; a multi-line value's further lines are indented under its value
 _VERBOSE_KEPT = (b"MESSAGE", b"_TRANSPORT", b"SYSLOG_IDENTIFIER", b"PRIORITY", b"_SOURCE_MONOTONIC_TIMESTAMP")
 _UTC_NAMES = ("UTC", "GMT", "Z")
 
@@ -713,10 +714,17 @@ _LOG_LINE_START = re.compile(rb"[ \t]{0,64}(?:\[ *\d|\[[^\W\d_]|<\d|\d{1,20},\d{
                              rb"\d{4}-\d\d-\d\d|\d{1,2}[\xe6\xec]|" + _OOM_LINE_START + rb"|\S{1,64} invoked oom-killer)")
 
 
+# How every decoration of textshapes.LINE_DECORATIONS but the table row and the kubectl event (looked for by their
+# `|` and `OOMKilling`) may begin: lines that begin otherwise skip the table.
+_MAYBE_DECORATED = re.compile(rb"[\s>`\"\d]|kernel|\[ {0,4}[+-]|\[[A-Z][a-z]{2}[ \d]\d \d")
+
+
 def _undecorated(line: bytes, last_number: Optional[int], stats: TextLogStats) -> tuple[bytes, Optional[int]]:
     """The line without the decorations of textshapes.LINE_DECORATIONS (each at most once, in the table's
     order), and the line number it carried (None if none)."""
     number = None
+    if not _MAYBE_DECORATED.match(line) and b"|" not in line and b"OOMKilling" not in line:
+        return line, number  # (most lines: a log's own prefix first)
     for decoration in LINE_DECORATIONS:
         m = decoration.pattern.match(line)
         if m is None:
@@ -766,6 +774,7 @@ def _line_records(lines: Iterable[bytes], year: Optional[int], tz: Optional[_dt.
     clock = _Clock(tz=tz, year=year, now=now if now is not None else _dt.datetime.now().timestamp())
     pending: Optional[bytearray] = None
     entry: Optional[dict[bytes, bytes]] = None  # the `journalctl -o verbose` entry being read
+    entry_key: Optional[bytes] = None  # the field its last line gave
     last_number: Optional[int] = None  # the line number the last line carried (textshapes.LINE_DECORATIONS)
     for raw_line in _bounded_lines(lines, stats):
         if _NUL in raw_line:  # a NUL ending each line would hide every line's prefix
@@ -795,6 +804,12 @@ def _line_records(lines: Iterable[bytes], year: Optional[int], tz: Optional[_dt.
             if field_match is not None:
                 if field_match["key"] in _VERBOSE_KEPT:
                     entry[field_match["key"]] = field_match["value"]
+                entry_key = field_match["key"]
+                continue
+            if entry_key == b"MESSAGE" and indent > _VERBOSE_INDENT and len(entry[b"MESSAGE"]) < MAX_LINE:
+                # a further line of a multi-line MESSAGE, indented under its value (`    MESSAGE=`)
+                entry[b"MESSAGE"] += b"\n" + rest[min(indent, _VERBOSE_INDENT + len(b"MESSAGE=")):].rstrip()
+                stats.continuation += 1
                 continue
             record = _verbose_record(entry, stats)
             entry = None
@@ -803,7 +818,7 @@ def _line_records(lines: Iterable[bytes], year: Optional[int], tz: Optional[_dt.
         if b" [s=" in body:
             head = _VERBOSE_HEAD.match(body)
             if head is not None:
-                entry = {b"t": head["t"]}
+                entry, entry_key = {b"t": head["t"]}, None
                 continue
         if body.startswith(b"#"):
             if body.startswith(b"#EPIPE"):
