@@ -240,7 +240,8 @@ def inspect(ctx, kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log
     input it could not read is a warning on stderr (with the first such line), an empty or unreadable log an
     error (exit 1), as is what cannot be a kernel log: binary data, a directory, a socket, a device other than
     /dev/kmsg, a FIFO nothing is written to within 10 s. gzip, xz and bzip2 logs are decompressed, UTF-16 is
-    read, NULs and CR line ends are removed.
+    read, NULs and CR line ends are removed. A name's control characters (a process may call itself ESC ] 0 ;
+    ...) are shown escaped, as \\x1b, never sent to the terminal.
     """
     import os
 
