@@ -6,14 +6,24 @@ never share a value."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
+import shutil
+from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from oomwatch.model import CgroupStats, Workload
 from oomwatch.sinks.collector import LABEL_VALUE_MAX, NodeInfo, OomwatchCollector, label_value
+from oomwatch.pipeline import Settings
+from oomwatch.sources.cgroupfs import Proc
 from oomwatch.store import Store
+from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES
+from tests.replay import Replay, tree_events
 from tests.test_collector import ReferenceCollector, reference_text
+from tests.test_golden import golden_config
 
 # Bytes of the body but its line ends that a control character would be (C0, DEL; C1 and bidi as UTF-8).
 CONTROL_BYTES = re.compile(rb"[\x00-\x09\x0b-\x1f\x7f]|\xc2[\x80-\x9f]|\xe2\x80[\xaa-\xae]|\xe2\x81[\xa6-\xa9]")
@@ -65,3 +75,27 @@ def test_every_value_is_bounded_shown_and_one_to_one() -> None:
     for value in values:
         assert not re.search("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]", value)
         assert len(value) <= LABEL_VALUE_MAX + 64
+
+
+@pytest.mark.xfail(strict=True, reason="issue 31 item 11, open: the kernel-log reader (oomwatch.parse.kmsg.unescape) "
+                                       "and oomwatch.names.as_logged give the byte 0xff and the text `\\xff` one "
+                                       "spelling, which the store keys series by")
+def test_a_name_that_spells_a_byte_out_and_the_byte_are_two_series(tmp_path: Path) -> None:
+    """Two cgroups a user may make side by side: `x\\xff.service` (a backslash, then `xff`) and `x<0xff>.service`.
+    Read from the tree, through the pipeline, each must be its own series."""
+    case = FIXTURES / "golden" / "memcg-scenarios"
+    tree = tmp_path / "cgroup"
+    shutil.copytree(case / "cgroup", tree)
+    for name in (b"x\\xff.service", b"x\xff.service"):
+        directory = os.path.join(os.fsencode(tree), name)
+        os.mkdir(directory)
+        for f in (tree / "a").iterdir():
+            shutil.copyfile(f, os.path.join(directory, os.fsencode(f.name)))
+    config = dataclasses.replace(golden_config(case, tmp_path), cgroup_root=str(tree))
+    replay = Replay(Settings(boot_id=Proc(config.proc).boot_id(), boot_time=BOOT_TIME, kmsg_source=None,
+                             counting=False), now=DETECTED_AT)
+    replay.run(tree_events(tree))
+    families = {f.name: f for f in text_string_to_metric_families(replay.metrics(config).decode())}
+    cgroups = [s.labels["cgroup"] for s in families["oomwatch_memory_usage_bytes"].samples
+               if s.labels["cgroup"].startswith("/x")]
+    assert len(cgroups) == 2 and len(set(cgroups)) == 2, cgroups
