@@ -254,6 +254,10 @@ class Pipeline:
         return View(self.store.snapshot(), self._rows.frozen().values(), self.single_process_oom_kill,
                     self.state_error, len(self._over_cap))
 
+    def deaths_waiting(self) -> dict[str, str]:
+        """Deaths whose verdict waits for an answer: their key → what they wait for ("log", "ray", "status")."""
+        return {key: parked.waits_for for key, parked in self._parked.items()}
+
     def state(self) -> dict[str, Any]:
         """The state file's content: the store, the cursor and the reconciler's accounts."""
         kind = "file" if self.settings.saved_log else (self.settings.kmsg_source or "kmsg")

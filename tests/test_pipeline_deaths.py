@@ -62,7 +62,7 @@ def k8s_node(tmp_path: Path, oom_group: int = 1, **settings: Any) -> tuple[Death
 
 def waits_for(replay: Replay, answer: str) -> bool:
     """A death of the replay's pipeline waits for this answer ("log", "ray", "status")."""
-    return any(parked.waits_for == answer for parked in replay.pipeline._parked.values())
+    return answer in replay.pipeline.deaths_waiting().values()
 
 
 def started(replay: Replay, pid: int, ns_pid: int, comm: str, at: float) -> None:
