@@ -264,8 +264,9 @@ def start_slurm(host: str) -> dict:
     facts["slurmd"] = run(["/usr/sbin/slurmd"])
     facts["node_state"] = wait_node_idle(host, 120)
     facts["seconds"] = time.monotonic() - facts["t0"]
-    facts["versions"] = {b: run([b, "--version"])["stdout"].strip()
-                         for b in ("slurmctld", "slurmd", "scontrol", "slurmdbd", "sacct")}
+    facts["versions"] = {b: run([b, "-V"])["stdout"].strip() for b in ("slurmctld", "slurmd", "scontrol", "sacct")}
+    # slurmdbd -V reads its configuration before it says its version: the package's word instead
+    facts["versions"]["slurmdbd"] = "slurmdbd " + run(["dpkg-query", "-W", "-f=${Version}", "slurmdbd"])["stdout"]
     facts["cgroups"] = {d: {"controllers": (driver.rfile(f"{CG}{d}/cgroup.controllers") or "").strip(),
                             "subtree_control": (driver.rfile(f"{CG}{d}/cgroup.subtree_control") or "").strip()}
                         for d in ["", "/system.slice", *(s[len(CG):] for s in scope_dirs())]}
@@ -387,10 +388,11 @@ def accounting(rec: dict) -> None:
         if (ended and stored) or time.monotonic() > end:
             break
         time.sleep(1)
-    view["waited"] = round(time.monotonic() - (end - 90), 1)
+    view["seconds_to_stored"] = round(time.monotonic() - (end - 90), 1)  # from the first sacct to this one
     rec["sacct_root"] = view
     rec["sacct_owner"] = sacct(job, user=USER)
-    log(f"  sacct -j {job} after {view['waited']}s: " + "; ".join(f"{r['JobID']} {r['State']}" for r in rows))
+    log(f"  sacct -j {job}: " + "; ".join(f"{r['JobID']} {r['State']}" for r in rows)
+        + f" (as stored {view['seconds_to_stored']}s after the first sacct)")
 
 
 def sink_lines(agent_log: str, job: str) -> list[str]:
@@ -549,13 +551,17 @@ def main() -> int:
         result["incidents_final"] = ctx.agent.incidents()
         run_rec["agent_stop"] = ctx.agent.stop()
         result["shutdown"] = run(["scontrol", "shutdown"], timeout=30)
+        # slurmdbd before its database (else it logs failed reconnections), then munged
         for pid_file in (f"{WORK}/log/slurmdbd.pid", f"{DB_DIR}/mariadbd.pid", f"{WORK}/munge/munged.pid"):
             pid = (driver.rfile(pid_file) or "").strip()
             if pid.isdigit():
                 try:
                     os.kill(int(pid), signal.SIGTERM)
                 except OSError:
-                    pass
+                    continue
+                end = time.monotonic() + 20
+                while os.path.exists(f"/proc/{pid}") and time.monotonic() < end:
+                    time.sleep(0.2)
         for path in (f"{WORK}/log/slurmctld.log", f"{WORK}/log/slurmd.log", f"{WORK}/log/slurmdbd.log",
                      f"{WORK}/munge/munged.log", f"{DB_DIR}/mariadbd.err", f"{WORK}/etc/slurm.conf",
                      f"{WORK}/etc/cgroup.conf"):
