@@ -736,7 +736,7 @@ def _undecorated(line: bytes, last_number: Optional[int], stats: TextLogStats) -
                 continue
             number = n
         if decoration.tail is not None:
-            end = decoration.tail.search(line, m.end())
+            end = decoration.tail.search(line, max(m.end(), len(line) - 16))  # (a tail is short: at the end)
             line = line[m.end():end.start() if end is not None else len(line)]
         else:
             line = line[m.end():]
