@@ -283,9 +283,11 @@ def test_runbook_example_names_a_runbook_that_exists() -> None:
 def test_kubectl_plugin_finds_the_charts_agent_pods() -> None:
     """`kubectl oomwatch why` lists agent pods by AGENT_SELECTOR: the chart's pods carry it (and the test pod
     does not)."""
-    from oomwatch.kubectl import AGENT_SELECTOR
+    from oomwatch.kubectl import AGENT_SELECTOR, RELEASE_LABEL
 
     objects = render()
     wanted = dict(term.split("=") for term in AGENT_SELECTOR.split(","))
-    assert wanted.items() <= one(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"].items()
+    labels = one(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert wanted.items() <= labels.items()
+    assert labels[RELEASE_LABEL] == one(objects, "DaemonSet")["metadata"]["labels"][RELEASE_LABEL]  # --release
     assert not wanted.items() <= hook_pod(objects)["metadata"]["labels"].items()
