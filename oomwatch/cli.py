@@ -86,7 +86,8 @@ def main() -> None:
 @main.command()
 @_common
 @click.option("--listen", envvar="OOMWATCH_LISTEN", default=DEFAULT_LISTEN, show_default=True,
-              help="HOST:PORT for /metrics, /healthz and /incidents.")
+              help="HOST:PORT for /metrics, /healthz (readiness: \"starting\" until the cgroup tree is read), "
+                   "/livez (liveness) and /incidents; listened on before the tree is read.")
 @click.option("--events-file", envvar="OOMWATCH_EVENTS_FILE", default=None,
               help="Append one JSON incident per line to this file; - writes to standard output.")
 @click.option("--state-dir", envvar="OOMWATCH_STATE_DIR", default=None,
@@ -125,7 +126,7 @@ def main() -> None:
 @click.option("--log-level", envvar="OOMWATCH_LOG_LEVEL", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--web-config-file", envvar="OOMWATCH_WEB_CONFIG_FILE", default=None, metavar="PATH",
-              help="TLS, client certificates and basic auth for every route but /healthz, in the format of "
+              help="TLS, client certificates and basic auth for every route but /healthz and /livez, in the format of "
                    "Prometheus' exporter-toolkit web config file (see the README, \"Who can reach the port\").")
 def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, boot_time, listen, events_file,
           state_dir, node_name, kube_api, pod_events, proc_connector, grace_period, trust_delegated_cgroups,
