@@ -523,7 +523,8 @@ def test_a_comm_that_starts_with_digits_and_a_space_keeps_its_row(name):
     assert parse_kernel_shaped_part(part).tasks[0].name == name, "the live reader's fast path reads it too"
 
 
-# A 4.x table (nr_ptes and nr_pmds, 4.8 to 4.14), as in fixtures/corpus and public reports of those kernels.
+# A 4.x table (nr_ptes and nr_pmds: from 4.0, which began counting pmd page tables, to 4.14; 4.15 prints
+# pgtables_bytes instead), the layout of public reports of those kernels.
 HEADER_4_X = "[ pid ]   uid  tgid total_vm      rss nr_ptes nr_pmds swapents oom_score_adj name"
 
 

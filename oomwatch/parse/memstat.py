@@ -65,7 +65,7 @@ _TASK_COLUMNS_KNOWN = frozenset(
 # (pgtables_bytes): told apart by the values (page-table bytes are whole pages).
 TASK_TABLE_LAYOUTS: dict[int, tuple[str, ...]] = {
     7: ("uid", "tgid", "total_vm", "rss", "pgtables_bytes", "swapents", "oom_score_adj", "name"),
-    8: ("uid", "tgid", "total_vm", "rss", "nr_ptes", "nr_pmds", "swapents", "oom_score_adj", "name"),  # 4.x
+    8: ("uid", "tgid", "total_vm", "rss", "nr_ptes", "nr_pmds", "swapents", "oom_score_adj", "name"),  # 4.0-4.14
     10: ("uid", "tgid", "total_vm", "rss", "rss_anon", "rss_file", "rss_shmem", "pgtables_bytes", "swapents",
          "oom_score_adj", "name"),  # 6.8+ splits rss
 }
