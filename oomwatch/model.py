@@ -265,7 +265,7 @@ class Workload:
         tree and named by the log has one series."""
         if self.is_kubernetes and self.pod:
             return (self.namespace or "", self.pod, self.container or "", "")
-        if self.cgroup.isascii():
+        if self.cgroup.isascii() and "\\" not in self.cgroup:
             return ("", "", "", self.cgroup)
         return ("", "", "", as_logged(self.cgroup))
 

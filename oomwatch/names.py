@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import re
 
-_NOT_UTF8 = re.compile("[\ud800-\udfff]")
+# A byte that is not UTF-8 (a lone surrogate), and a backslash that would read as one of the escapes written for
+# such bytes (`\\x80`-`\\xff`): it is written `\\x5c`, so that the text `x\\xff` and the byte 0xff never spell alike.
+# A backslash before anything else stays (systemd's own `\\x2d` in unit names is left as it is).
+_NOT_UTF8 = re.compile("[\ud800-\udfff]|\\\\(?=x[89a-fA-F][0-9a-fA-F])")
 
 
 def _byte_escapes(match: re.Match[str]) -> str:
+    if match.group() == "\\":
+        return "\\x5c"
     code = ord(match.group())
     if 0xDC80 <= code <= 0xDCFF:  # one byte 0x80-0xff kept by surrogateescape
         return f"\\x{code - 0xDC00:02x}"
@@ -17,8 +22,10 @@ def _byte_escapes(match: re.Match[str]) -> str:
 
 
 def as_logged(name: str) -> str:
-    """A name read from the cgroup tree (os.fsdecode: a byte that is not UTF-8 becomes a lone surrogate) spelt
-    as the kernel log spells it once oomwatch.parse.kmsg.unescape has read it: each such byte as the text
-    `\\xNN`, every other character as it is. The result is always valid UTF-8 (a label value, JSON, a
-    terminal), and a cgroup's path read from the tree and from the kernel log are the same string."""
+    """A name read from the cgroup tree (os.fsdecode: a byte that is not UTF-8 becomes a lone surrogate) or from
+    the kernel log (oomwatch.parse.kmsg.unescape decodes it the same way, then calls this), in one spelling:
+    each byte that is not UTF-8 as the text `\\xNN`, a backslash that would read as such an escape as `\\x5c`,
+    every other character as it is. The result is always valid UTF-8 (a label value, JSON, a terminal), a
+    cgroup's path read from the tree and from the kernel log are the same string, and two different names are
+    never spelt alike (issue 31 item 11)."""
     return _NOT_UTF8.sub(_byte_escapes, name)

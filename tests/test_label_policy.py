@@ -77,9 +77,6 @@ def test_every_value_is_bounded_shown_and_one_to_one() -> None:
         assert len(value) <= LABEL_VALUE_MAX + 64
 
 
-@pytest.mark.xfail(strict=True, reason="issue 31 item 11, open: the kernel-log reader (oomwatch.parse.kmsg.unescape) "
-                                       "and oomwatch.names.as_logged give the byte 0xff and the text `\\xff` one "
-                                       "spelling, which the store keys series by")
 def test_a_name_that_spells_a_byte_out_and_the_byte_are_two_series(tmp_path: Path) -> None:
     """Two cgroups a user may make side by side: `x\\xff.service` (a backslash, then `xff`) and `x<0xff>.service`.
     Read from the tree, through the pipeline, each must be its own series."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional
 
 from oomwatch.model import KmsgRecord
+from oomwatch.names import as_logged
 from oomwatch.parse.oom import MAX_WRAPPED, parse_oom_line
 from oomwatch.parse.prefilter import OOM_LINE_START as _OOM_LINE_START
 from oomwatch.parse.textshapes import CUT_MARKERS, LINE_DECORATIONS, TEXT_REPAIRS, local_date, month_number
@@ -49,17 +50,28 @@ class KmsgParseError(ValueError):
 _BACKSLASH, _NEWLINE, _NUL, _ESC = 0x5C, 0x0A, 0x00, 0x1B
 
 
+def _decoded(raw: bytes) -> str:
+    """UTF-8 text; a name that is not UTF-8 (a process may name itself anything) in oomwatch.names' one spelling,
+    as its cgroup read from the tree is spelt."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return as_logged(raw.decode("utf-8", "surrogateescape"))
+
+
 def unescape(raw: bytes) -> str:
-    """Undo the kernel's `\\xNN` escaping; bytes that are not UTF-8 (a process may name itself anything)
-    come out as `\\xNN` again rather than failing."""
+    """Undo the kernel's `\\xNN` escaping; bytes that are not UTF-8, and a backslash that would read as such a
+    byte's escape, come out as oomwatch.names.as_logged spells them (`\\xNN`, `\\x5c`) rather than failing."""
     if _BACKSLASH not in raw:  # the common case: nothing escaped
-        return raw.decode("utf-8", "backslashreplace")
+        return _decoded(raw)
     # An OOM report's stats block is one record of lines (6.1): newlines are its only escapes. A backslash of
     # the text itself is escaped too (\x5c), so every `\x0a` is an escaped newline.
     lines = raw.replace(b"\\x0a", b"\n")
     if _BACKSLASH not in lines:
-        return lines.decode("utf-8", "backslashreplace")
-    return _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), raw).decode("utf-8", "backslashreplace")
+        return _decoded(lines)
+    text = _ESCAPE.sub(lambda m: bytes([int(m.group(1), 16)]), raw)
+    return as_logged(text.decode("utf-8", "surrogateescape")) if _BACKSLASH in text or not text.isascii() \
+        else text.decode("ascii")
 
 
 def parse_kmsg_record(raw: bytes) -> KmsgRecord:
