@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from oomwatch.cli import agent as agent_command
+
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_BIN = ROOT / ".cache/tools/bin"
 CHART = ROOT / "charts/oomwatch"
@@ -25,26 +27,9 @@ DASHBOARD = ROOT / "deploy/grafana/oomwatch-dashboard.json"
 SYSTEMD_UNIT = ROOT / "systemd/oomwatch.service"
 SYSTEMD_ENV = ROOT / "systemd/oomwatch.env"
 
-# `oomwatch agent` options, each also read from OOMWATCH_<NAME> (docs/contract.md and the agent's CLI).
-AGENT_ENV = {
-    "OOMWATCH_LISTEN",
-    "OOMWATCH_EVENTS_FILE",
-    "OOMWATCH_STATE_DIR",
-    "OOMWATCH_CGROUP_ROOT",
-    "OOMWATCH_KMSG",
-    "OOMWATCH_PROC",
-    "OOMWATCH_KUBELET_CONFIG",
-    "OOMWATCH_RUN_ROOT",
-    "OOMWATCH_POD_LOG_DIR",
-    "OOMWATCH_NODE_NAME",
-    "OOMWATCH_KUBE_API",
-    "OOMWATCH_GRACE_PERIOD",
-    "OOMWATCH_POD_EVENTS",
-    "OOMWATCH_LOG_LEVEL",
-    "OOMWATCH_PROC_CONNECTOR",
-    "OOMWATCH_WEB_CONFIG_FILE",
-    "OOMWATCH_DROP_SERIES",
-}
+# `oomwatch agent` options, each also read from OOMWATCH_<NAME> (docs/contract.md): taken from the agent's CLI
+# itself, so that a new option is known here the moment it exists.
+AGENT_ENV = {param.envvar for param in agent_command.params if isinstance(param.envvar, str)}
 
 # Metric names of docs/contract.md (histogram and counter sample names included) plus Prometheus' `up`.
 CONTRACT_METRICS = {
