@@ -6,11 +6,16 @@ the agent's state directory, events file and cgroup watcher (issue 19).
     .venv/bin/python benchmarks/hostile_input.py 1 agent  # only the agent's cases (or: kmsg)
     .venv/bin/python benchmarks/hostile_input.py 0.25 agent --before e534e78   # the watcher cases of that commit too
     .venv/bin/python benchmarks/hostile_input.py 1 input --before 40b15e4   # what a tenant's text does (issue 31)
+    .venv/bin/python benchmarks/hostile_input.py 1 memory --before 40b15e4  # the agent's memory under attack (issue 31)
 
 Each case is written to a temporary file and read, in a child process, by `build_report` (reader, correlator,
 explanation; default --limit 20) and `render_text`, as `oomwatch inspect --kmsg FILE` does. Printed: seconds,
 lines per second, the child's peak RSS (VmHWM), incidents found. Target: every case finishes, in time linear in its size (issue 10: a 1 MB comm of `(` took
 1.2 s and 50 MB over 30 minutes; 1M `Killed process` lines did not finish in 300 s).
+
+memory (issue 31 item 3): a real `oomwatch agent` on the golden tree replays a saved log (i) of 90 group kills
+of 3,000 processes each, then 8 clients loop on /incidents for 10 s; (ii) of 200,000 memcg kills, with a state
+directory and an events file. Printed: the agent's RSS and peak RSS (VmHWM), answers, replay time. Target: 128 MiB.
 """
 
 from __future__ import annotations
@@ -78,6 +83,8 @@ def main() -> int:
         agent_main(scale, before)
     if only in (None, "input"):
         input_main(scale, before)
+    if only in (None, "memory"):
+        memory_main(scale, before)
     return 0
 
 
@@ -546,6 +553,186 @@ def statcache_forget(scale: float) -> str:
     return "forget: " + "; ".join(figures)
 
 
+# --- the agent's memory under attack (issue 31 item 3) ---------------------------------------------------------
+
+GOLDEN = REPO / "fixtures" / "golden" / "k8s-runc"
+
+
+def _kmsg_lines(messages: list[str]) -> str:
+    """`messages` (after the golden log's boot) as /dev/kmsg records, numbered on, 10 ms apart."""
+    boot = (GOLDEN / "kmsg").read_text().splitlines()[:565]
+    seq = len(boot)
+    out = ["\n".join(boot)]
+    for i, message in enumerate(messages):
+        out.append(f"3,{seq + i},{20_000_000 + i * 10_000},-;{message}")
+    return "\n".join(out) + "\n"
+
+
+def group_kills_kmsg(kills: int, processes: int) -> str:
+    """The golden tree's group kill `kills` times over, each report listing `processes` killed processes."""
+    report = [line.split(";", 1)[1] for line in (GOLDEN / "kmsg").read_text().splitlines()[565:619]]
+    kill = report[-2].replace("127 (dd)", "{pid} (w{pid})")
+    messages: list[str] = []
+    for k in range(kills):
+        messages += report
+        messages += [kill.format(pid=10_000 + k * processes + i) for i in range(processes)]
+    return _kmsg_lines(messages)
+
+
+def single_kills_kmsg(kills: int) -> str:
+    """`kills` memcg kills in the golden tree's pod, each its summary line and its Killed line."""
+    lines = [line.split(";", 1)[1] for line in (GOLDEN / "kmsg").read_text().splitlines()[616:618]]
+    messages: list[str] = []
+    for i in range(kills):
+        pid = 10_000 + i
+        messages.append(lines[0].replace("pid=127,", f"pid={pid},"))
+        messages.append(lines[1].replace("127 (dd)", f"{pid} (dd)"))
+    return _kmsg_lines(messages)
+
+
+class MeasuredAgent:
+    """`oomwatch agent` on the golden tree with a saved kernel log, from `source` (a tree with an oomwatch
+    package: another commit) or this one."""
+
+    def __init__(self, kmsg: str, source: Optional[str], extra: list[str]) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        python = [sys.executable, "-c", "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' "
+                  "not in repr(f)]; sys.path.insert(0, sys.argv.pop(1)); from oomwatch.cli import main; "
+                  "sys.exit(main())", source or str(REPO)]
+        self.proc = subprocess.Popen(
+            [*python, "agent", "--listen", f"127.0.0.1:{self.port}", "--kube-api", "off", "--log-level", "error",
+             "--boot-time", "2026-11-22T20:40:00Z", "--kmsg", kmsg, "--kubelet-config",
+             str(GOLDEN / "kubelet" / "config.yaml"), "--cgroup-root", str(GOLDEN / "cgroup"), "--proc",
+             str(GOLDEN / "proc"), "--run-root", str(GOLDEN / "run"), *extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def get(self, path: str) -> bytes:
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            conn.request("GET", path)
+            return conn.getresponse().read()
+        finally:
+            conn.close()
+
+    def records_read(self) -> float:
+        for line in self.get("/metrics").decode().splitlines():
+            if line.startswith("oomwatch_kmsg_records_total "):
+                return float(line.split()[1])
+        return -1.0
+
+    def replayed(self, timeout: float = 1200.0) -> float:
+        """Seconds until the kernel log's records read stop growing (3 s unchanged)."""
+        started, last, same = time.monotonic(), -2.0, 0
+        while time.monotonic() - started < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited {self.proc.returncode}")
+            try:
+                now = self.records_read()
+            except OSError:
+                now = -2.0
+            same = same + 1 if now == last and now > 0 else 0
+            if same >= 6:
+                return time.monotonic() - started - 3
+            last = now
+            time.sleep(0.5)
+        raise RuntimeError("replay not done")
+
+    def mib(self, key: str) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        from http_attacks import Agent  # (benchmarks/: the directory this script runs from)
+
+        Agent.stop(self)  # type: ignore[arg-type]  (it stops self.proc)
+
+
+def incidents_readers(scale: float, source: Optional[str]) -> str:
+    """90 group kills of 3,000 processes, then 8 clients loop on /incidents for 10 s."""
+    import threading
+
+    kills, processes = max(1, int(90 * scale)), max(1, int(3000 * scale))
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "kmsg")
+        with open(path, "w") as f:
+            f.write(group_kills_kmsg(kills, processes))
+        agent = MeasuredAgent(path, source, [])
+        try:
+            replay = agent.replayed()
+            body = agent.get("/incidents")
+            found, hwm_before = len(json.loads(body)), agent.mib("VmHWM")
+            served = [0]
+            until = time.monotonic() + 10
+
+            def loop() -> None:
+                while time.monotonic() < until:
+                    served[0] += bool(agent.get("/incidents"))
+
+            threads = [threading.Thread(target=loop) for _ in range(8)]
+            for t in threads:
+                t.start()
+            rss = []
+            while any(t.is_alive() for t in threads):
+                rss.append(agent.mib("VmRSS"))
+                time.sleep(0.2)
+            return (f"{found} incidents, /incidents {len(body) / 1e6:.1f} MB; replay {replay:.0f} s, peak RSS "
+                    f"{hwm_before:.0f} MiB; 8 readers: {served[0]} answers in 10 s, RSS max {max(rss):.0f} MiB, "
+                    f"peak {agent.mib('VmHWM'):.0f} MiB")
+        finally:
+            agent.stop()
+
+
+def replay_with_state(scale: float, source: Optional[str]) -> str:
+    """200k kills replayed with a state directory and an events file."""
+    kills = max(1, int(200_000 * scale))
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "kmsg")
+        with open(path, "w") as f:
+            f.write(single_kills_kmsg(kills))
+        events = os.path.join(d, "events.jsonl")
+        agent = MeasuredAgent(path, source, ["--state-dir", os.path.join(d, "state"), "--events-file", events])
+        try:
+            figures = [f"{kills:,} kills replayed in {agent.replayed():.0f} s"]
+            with open(events, "rb") as lines:
+                figures.append(f"{sum(1 for _ in lines):,} events lines")
+            state = os.path.getsize(os.path.join(d, "state", "state.json"))
+            figures.append(f"state.json {state / 1e6:.1f} MB; RSS {agent.mib('VmRSS'):.0f} MiB, peak "
+                           f"{agent.mib('VmHWM'):.0f} MiB")
+            return ", ".join(figures)
+        finally:
+            agent.stop()
+
+
+def _this_and(before: Optional[str], old: str) -> list[tuple[Optional[str], str]]:
+    """(source, label) of this tree and, with `before`, of that commit's oomwatch package unpacked under `old`."""
+    if before is None:
+        return [(None, "this tree")]
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", before, "oomwatch"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
+    return [(None, "this tree"), (old, before)]
+
+
+def memory_main(scale: float, before: Optional[str]) -> None:
+    print(f"# load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores", flush=True)
+    with tempfile.TemporaryDirectory() as old:
+        sources = _this_and(before, old)
+        for name, case in (("8 readers of /incidents after group kills", incidents_readers),
+                           ("replay of kills, state dir and events file", replay_with_state)):
+            for source, label in sources:
+                start = time.perf_counter()
+                result = case(scale, source)
+                print(f"{name} ({label}): {result}  [{time.perf_counter() - start:.1f} s]", flush=True)
+
+
 def agent_main(scale: float, before: Optional[str]) -> None:
     logging.getLogger("oomwatch").addHandler(logging.NullHandler())  # each case counts the lines it cares about
     cases: list[tuple[str, Callable[[], str]]] = [
@@ -724,11 +911,7 @@ def job_info_owner_name(scale: float, source: Optional[str], tmp: str) -> str:
 def input_main(scale: float, before: Optional[str]) -> None:
     print(f"# load {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores", flush=True)
     with tempfile.TemporaryDirectory() as old:
-        if before:  # the oomwatch package of that commit, unpacked
-            archive = subprocess.run(["git", "-C", str(REPO), "archive", before, "oomwatch"], check=True,
-                                     capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", old], input=archive, check=True)
-        sources = [(None, "this tree")] + ([(old, before)] if before else [])
+        sources = _this_and(before, old)
         for name, case in (("inspect --job, every 10th record a wrong type", job_wrong_types),
                            ("inspect --job, a line 100,000 deep", job_deep_json),
                            ("inspect --job, a URL sending 1 byte / 5 s", job_trickling_url),

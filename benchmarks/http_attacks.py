@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/http_attacks.py                     # every attack, then idle (about 4 minutes)
     .venv/bin/python benchmarks/http_attacks.py slowloris idle --idle-seconds 20
     .venv/bin/python benchmarks/http_attacks.py --containers 1000   # a generated kubelet-shaped tree instead
+    .venv/bin/python benchmarks/http_attacks.py same-address --source /tmp/old   # the agent of another tree
+    # (/tmp/old: `git archive COMMIT oomwatch | tar -x -C /tmp/old`, to compare with an earlier commit)
 
 Each attack runs against a fresh `oomwatch agent` (a subprocess) on the golden fixture tree
 fixtures/golden/k8s-runc (or --containers N pods of one container, as benchmarks/run.py builds them). The agent
@@ -40,6 +42,10 @@ issue 19 (item 8):
 - never-read-300: 300 connections (over the cap of 256) ask for /metrics and never read;
 - ipv6-idle: the agent listens on [::]:PORT; 2,000 silent connections over ::1 for 15 s (the normal client
   on 127.0.0.1, through the dual stack).
+issue 31 (item 4):
+- same-address, same-address-250: 100 (250) keep-alive clients from the normal client's own address
+  (127.0.0.1: a node-local proxy, a NAT, hostNetwork) scrape /metrics back to back for 15 s. Here the normal
+  client scrapes as Prometheus does, on one keep-alive connection it keeps (its idle figure too).
 
 idle: a fresh agent, scraped once, then left alone: voluntary and involuntary context switches of each thread
 (/proc/PID/task/*/status) over --idle-seconds with no connection, then as long again with one keep-alive
@@ -74,6 +80,7 @@ from run import make_tree  # noqa: E402 (benchmarks/run.py: the same kubelet-sha
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "fixtures" / "golden" / "k8s-runc"
 MIB = 1024 * 1024
+SOURCE: str | None = None  # --source: the directory the agent's `oomwatch` package is imported from
 
 
 # --- the agent ----------------------------------------------------------------------------------------
@@ -99,9 +106,13 @@ class Agent:
     def __init__(self, tree: Path | None, setup: Setup = Setup()) -> None:
         self.port = free_port()
         self.setup = setup
-        oomwatch = Path(sys.executable).with_name("oomwatch")
+        oomwatch = [str(Path(sys.executable).with_name("oomwatch"))]
+        if SOURCE is not None:  # ahead of the editable install's finder, which would give this tree's package
+            oomwatch = [sys.executable, "-c", "import sys; sys.meta_path[:] = [f for f in sys.meta_path if "
+                        "'editable' not in repr(f)]; sys.path.insert(0, sys.argv.pop(1)); "
+                        "from oomwatch.cli import main; sys.exit(main())", SOURCE]
         listen = f"[{setup.listen_host}]" if ":" in setup.listen_host else setup.listen_host
-        args = [str(oomwatch), "agent", "--listen", f"{listen}:{self.port}", "--kube-api", "off",
+        args = [*oomwatch, "agent", "--listen", f"{listen}:{self.port}", "--kube-api", "off",
                 "--log-level", "warning", "--boot-time", "2026-11-22T20:40:00Z",
                 "--kmsg", str(GOLDEN / "kmsg"), "--kubelet-config", str(GOLDEN / "kubelet" / "config.yaml")]
         if setup.web_config is not None:
@@ -180,6 +191,30 @@ def timed_scrape(agent: Agent, path: str = "/metrics") -> float:
     if status != 200 or not body:
         raise RuntimeError(f"normal {path} failed: {status}")
     return time.perf_counter() - started
+
+
+class KeptScraper:
+    """The normal client as Prometheus scrapes: one keep-alive connection, kept (opened again only if lost)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.conn: http.client.HTTPConnection | None = None
+
+    def __call__(self, agent: Agent, path: str = "/metrics") -> float:
+        started = time.perf_counter()
+        try:
+            self.conn = self.conn or http.client.HTTPConnection("127.0.0.1", agent.port, timeout=30)
+            self.conn.request("GET", path)
+            response = self.conn.getresponse()
+            status, body = response.status, response.read()
+        except (OSError, http.client.HTTPException):
+            if self.conn is not None:
+                self.conn.close()
+            self.conn = None
+            raise
+        if status != 200 or not body:
+            raise RuntimeError(f"normal {path} failed: {status}")
+        return time.perf_counter() - started
 
 
 def make_setup(kind: str, tmp: Path) -> Setup:
@@ -359,13 +394,13 @@ def in_threads(n: int, target, seconds: float, stop: Event) -> None:
         t.join(timeout=40)
 
 
-def _unique_accept(port: int, stop: Event, notes: dict, clients: int, addresses: int = 1) -> None:
+def _unique_accept(port: int, stop: Event, notes: dict, clients: int, addresses: int = 1, first: int = 2) -> None:
     answered, errors = [0] * clients, [0]
 
     def client(i: int, until: float) -> None:
         conn = None
         accept = f"text/plain;version=0.0.4;q=0.{i:03d},application/x-attacker-{i};q=0.1"
-        source = f"127.0.0.{2 + i % addresses}"
+        source = f"127.0.0.{first + i % addresses}"
         while time.monotonic() < until and not stop.is_set():
             try:
                 conn = conn or attacker_connection(port, source=source)
@@ -393,6 +428,14 @@ def unique_accept_250(port: int, stop: Event, notes: dict) -> None:
 
 def unique_accept_250_10(port: int, stop: Event, notes: dict) -> None:
     _unique_accept(port, stop, notes, 250, addresses=10)
+
+
+def same_address(port: int, stop: Event, notes: dict) -> None:
+    _unique_accept(port, stop, notes, 100, first=1)
+
+
+def same_address_250(port: int, stop: Event, notes: dict) -> None:
+    _unique_accept(port, stop, notes, 250, first=1)
 
 
 def scrape_loop(port: int, stop: Event, notes: dict) -> None:
@@ -511,9 +554,11 @@ ATTACKS = {"slowloris": slowloris, "big-headers": big_headers, "half-sent": half
            "unique-accept": unique_accept, "unique-accept-250": unique_accept_250,
            "unique-accept-250-10": unique_accept_250_10, "scrape-loop": scrape_loop, "pipelined": pipelined,
            "auth-guess": _auth_guess, "auth-guess-cost14": _auth_guess, "tls-handshakes": tls_handshakes,
-           "never-read-300": never_read_300, "ipv6-idle": ipv6_idle}
+           "never-read-300": never_read_300, "ipv6-idle": ipv6_idle,
+           "same-address": same_address, "same-address-250": same_address_250}
 SETUPS = {"auth-guess": "basic-auth-12", "auth-guess-cost14": "basic-auth-14", "tls-handshakes": "tls",
           "ipv6-idle": "ipv6"}  # the others: plain
+KEEP_ALIVE_NORMAL = {"same-address", "same-address-250"}  # the normal client keeps one connection (Prometheus)
 
 
 def _attack_process(name: str, port: int, stop: Event, results: multiprocessing.Queue) -> None:
@@ -524,10 +569,11 @@ def _attack_process(name: str, port: int, stop: Event, results: multiprocessing.
 
 def run_attack(name: str, tree: Path | None, tmp: Path, idle_scrapes: int = 20) -> dict:
     agent = Agent(tree, make_setup(SETUPS.get(name, "plain"), tmp))
+    scrape = KeptScraper(agent) if name in KEEP_ALIVE_NORMAL else timed_scrape
     try:
         for _ in range(3):
-            timed_scrape(agent)  # warm: the kernel log replayed, the first scrape's imports done
-        idle = [timed_scrape(agent) for _ in range(idle_scrapes)]  # and as many after the attack
+            scrape(agent)  # warm: the kernel log replayed, the first scrape's imports done
+        idle = [scrape(agent) for _ in range(idle_scrapes)]  # and as many after the attack
         rss_idle = agent.status("VmRSS")
         context = multiprocessing.get_context("fork")
         stop, results = context.Event(), context.Queue()
@@ -545,7 +591,7 @@ def run_attack(name: str, tree: Path | None, tmp: Path, idle_scrapes: int = 20) 
             peak["threads"] = max(peak["threads"], agent.status("Threads"))
             peak["fds"] = max(peak["fds"], agent.fds())
             try:
-                during.append(timed_scrape(agent))
+                during.append(scrape(agent))
                 started_health = time.perf_counter()
                 health.add(agent.get("/healthz")[0])
                 health_times.append(time.perf_counter() - started_health)
@@ -561,7 +607,7 @@ def run_attack(name: str, tree: Path | None, tmp: Path, idle_scrapes: int = 20) 
         elapsed = time.monotonic() - started
         time.sleep(0.5)
         after = agent.get("/healthz")[0]
-        idle += [timed_scrape(agent) for _ in range(idle_scrapes)]
+        idle += [scrape(agent) for _ in range(idle_scrapes)]
         row = {
             "attack": name,
             "peak_rss_mib": round(agent.status("VmHWM") / 1024, 1),
@@ -615,7 +661,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("which", nargs="*", help=f"{', '.join(ATTACKS)}, idle (default: all)")
     parser.add_argument("--containers", type=int, default=0, help="a generated tree of N pods (default: golden)")
     parser.add_argument("--idle-seconds", type=float, default=60.0)
+    parser.add_argument("--source", help="run the agent from this tree's oomwatch package (another commit)")
     args = parser.parse_args(argv)
+    global SOURCE
+    SOURCE = args.source
     which = args.which or [*ATTACKS, "idle"]
     tmp = Path(tempfile.mkdtemp(prefix="oomwatch-http-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
@@ -626,7 +675,8 @@ def main(argv: list[str]) -> int:
         model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("model name")), "unknown")
         print(f"# {model}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}, tree: "
-              f"{f'{args.containers} containers' if tree else 'golden k8s-runc'}", flush=True)
+              f"{f'{args.containers} containers' if tree else 'golden k8s-runc'}"
+              f"{f', agent from {SOURCE}' if SOURCE else ''}", flush=True)
         rows = []
         for name in which:
             if name == "idle":

@@ -659,27 +659,32 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
     held: Optional[KmsgRecord] = None  # the last prefixed record: its continuation lines may follow
     held_indent = held_column = 0
     skipping: Optional[int] = None  # the indentation of the last line of another program (its continuations)
+    more: list[bytes] = []  # the held record's further lines
+    size = 0
     for record, kind, indent, column, rest in _line_records(lines, year, tz, now, stats):
         if kind == _BARE and indent:
             if held is not None and indent > held_indent:
                 # A further line of the held record (dmesg indents it to the text's column, journalctl by its
                 # prefix's width; a paste may have squeezed the spaces): joined back as the kernel wrote it.
-                if len(held.text) < MAX_LINE:
-                    more = rest[held_column:] if indent >= held_column else rest[indent:]
-                    held = held._replace(text=held.text + "\n" + more.decode("utf-8", "backslashreplace").rstrip())
+                if size < MAX_LINE:
+                    line = rest[held_column:] if indent >= held_column else rest[indent:]
+                    more.append(line)
+                    size += len(line)
                 stats.continuation += 1
                 continue
             if skipping is not None and indent > skipping:
                 stats.continuation += 1  # a further line of another program's message
                 continue
         if held is not None:
-            yield _uncut(held, stats)
+            yield _uncut(_joined(held, more), stats)
             held = None
         skipping = None
         if kind == _OTHER:
             skipping = indent
         elif kind == _PREFIXED:
             held, held_indent, held_column = record, indent, column
+            if more:
+                more, size = [], 0
         elif kind == _BARE:
             for piece in _unglued(record, stats):
                 stats.count("bare")
@@ -687,7 +692,16 @@ def parse_text_log(lines: Iterable[bytes], year: Optional[int] = None, *, tz: Op
         else:
             yield _uncut(record, stats)
     if held is not None:
-        yield _uncut(held, stats)
+        yield _uncut(_joined(held, more), stats)
+
+
+def _joined(record: KmsgRecord, more: list[bytes]) -> KmsgRecord:
+    """The record with its further lines (as printed, less the indentation) joined back with newlines."""
+    if not more:
+        return record
+    lines = b"\n".join(line.rstrip() for line in more).decode("utf-8", "backslashreplace")
+    return _new_record(KmsgRecord, (record.priority, record.seq, record.usec, record.text + "\n" + lines,
+                                    record.fields, record.wall_time))
 
 
 # Where a kernel OOM line may start inside prose it was glued into (after a space)
@@ -728,7 +742,7 @@ _LOG_LINE_START = re.compile(rb"[ \t]{0,64}(?:\[ *\d|\[[^\W\d_]|<\d|\d{1,20},\d{
 
 # How every decoration of textshapes.LINE_DECORATIONS but the table row and the kubectl event (looked for by their
 # `|` and `OOMKilling`) may begin: lines that begin otherwise skip the table.
-_MAYBE_DECORATED = re.compile(rb"[\s>`\"\d]|kernel|\[ {0,4}[+-]|\[[A-Z][a-z]{2}[ \d]\d \d")
+_MAYBE_DECORATED = re.compile(rb"[ \t]{0,8}(?:[>`\d]|\[ {0,4}[+-]|\[[A-Z][a-z]{2}[ \d]\d \d)|[ \t]{0,64}\"|kernel")
 
 
 def _undecorated(line: bytes, last_number: Optional[int], stats: TextLogStats) -> tuple[bytes, Optional[int]]:
