@@ -40,15 +40,15 @@ What a client can make this server do, at most:
   taking no part in any scrape, so another client's request never waits behind them: a flood of connections
   from one address is served two at a time while a scraper on another address joins the scrape that runs.
   A client's connections, however many, also share one client's bandwidth (above).
-- make a connection of its own address wait at most one scrape (per connection, not only per address: behind
-  a node-local proxy, a NAT or hostNetwork a flood and Prometheus share an address). A client's waiting
-  requests take their turns by how long each connection left the server alone before asking (its idle gap:
-  since its last response ended; none for a connection's first request): those idle `patient_gap` or more
-  first, longest first, then the others in the order they asked (so none of them starves): a keep-alive
-  scraper that asks every 15 s goes before connections asking back to back and before new ones, whatever
-  their number. A finished body is taken once per connection (not once per
-  address), so the scraper at the head of its address's turns takes the body that just ended instead of
-  waiting for the pacing window. At the connection cap, a connection that never had a response is replaced
+- make a keep-alive connection of its own address wait for the scrape that runs, no more (fairness per
+  connection, not only per address: behind a node-local proxy, a NAT or hostNetwork a flood and Prometheus
+  share an address). A client's waiting requests take their turns by how long each connection left the server
+  alone before asking (its idle gap: since its last response ended; none for a connection's first request):
+  those idle `patient_gap` or more first, longest first, then the others in the order they asked (so none of
+  them starves). A keep-alive scraper that asks every 15 s is next in its address's turns, before connections
+  asking back to back and before new ones, whatever their number; as a finished body is taken once per
+  connection (not once per address), it takes the body of the scrape that runs as it ends instead of waiting
+  for the pacing window. At the connection cap, a connection that never had a response is replaced
   before an idle keep-alive one that had.
 - keep a body whole only while scrapes are wanted concurrently (a second request shares it, or it was asked
   for while another ran), and then until the pacing window after it ends: a newcomer joins such a body from
