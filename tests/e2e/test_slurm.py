@@ -254,7 +254,7 @@ def test_sacct_shows_the_owner_the_out_of_memory_job_and_step_and_the_explanatio
         for inc in rec["agent_incidents"]:
             assert f"#{entry_for(inc)}] " in job_row["AdminComment"]
             assert inc["explanation"].replace("'", "").replace('"', "") in job_row["AdminComment"]
-    print(f"\nslurm: {name}: sacct -j {rec['job_id']} as {USER} (stored {root['seconds_to_stored']} s after the "
-          f"first sacct, which ran after all four jobs): "
+    print(f"\nslurm: {name}: sacct -j {rec['job_id']} as {USER} after the four jobs (slurmdbd had it all at "
+          f"sacct call {root.get('calls')}): "
           + "; ".join(f"{r['JobID']} {r['State']} {r['ExitCode']}" for r in owner["rows"])
           + f"; AdminComment={job_row['AdminComment'] or '(none)'}")
