@@ -774,7 +774,7 @@ def _uncut(record: KmsgRecord, stats: TextLogStats) -> KmsgRecord:
     """A kernel OOM line as the kernel wrote it: a tool's cut marker (`…`, `[truncated]`) removed (the OOM parser
     reads its whole fields; counted in `stats.cut_records`), textshapes.TEXT_REPAIRS undone."""
     text = record.text
-    if text[-1:] not in _REPAIRED_ENDS or not _OOM_LINE_START_TEXT.match(text):
+    if text[:1] not in _REPAIRED_STARTS or text[-1:] not in _REPAIRED_ENDS or not _OOM_LINE_START_TEXT.match(text):
         return record
     for repair in TEXT_REPAIRS:
         if repair.replacement == "digits":
@@ -788,8 +788,10 @@ def _uncut(record: KmsgRecord, stats: TextLogStats) -> KmsgRecord:
     return record if text == record.text else record._replace(text=text)
 
 
-# The last characters of a line a repair or a cut marker may apply to (`kB` ends a kill line's sizes)
-_REPAIRED_ENDS = frozenset(".…])>`0123456789B")
+# The first and last characters of a line a repair or a cut marker may apply to: the kill lines and the summary
+# (`kB` ends a kill line's sizes)
+_REPAIRED_STARTS = frozenset("MOKo")
+_REPAIRED_ENDS = frozenset(".…])>`,0123456789B")
 _OOM_LINE_START_TEXT = re.compile(_OOM_LINE_START.decode() + r"|\S{1,64} invoked oom-killer")
 
 
