@@ -124,6 +124,9 @@ def is_within(path: Optional[str], ancestor: str) -> bool:
     return path == ancestor or path.startswith(ancestor.rstrip("/") + "/")
 
 
+# A saved log's kill line repeated whole this soon after the first is the same kill (see Correlator._repeated)
+REPEAT_SECONDS = 5.0
+
 @dataclass
 class _Kill:
     line: OomKilled
@@ -177,6 +180,7 @@ class CorrelatorStats:
     rejected: int = 0  # OOM lines from a facility other than the kernel's (forged through /dev/kmsg)
     late_reprints: int = 0  # a group kill's victim reprinted after its incident was complete
     kills_from_reaper: int = 0  # kills known only from an `oom_reaper:` line (their kill line is missing)
+    repeated_lines: int = 0  # a saved log's kill lines that repeat an earlier one whole (a paste quoting twice)
     first_rejected: Optional[str] = None
     first_parse_error: Optional[str] = None  # the first line with OOM words that could not be read
 
@@ -227,6 +231,11 @@ class Correlator:
         self.stats = CorrelatorStats()
         self.last_seq: Optional[int] = None
         self._gap = False  # records were lost since the last report began
+        # A saved log's lines of a report's memory part with no report begun (a paste that starts inside a report:
+        # its task table or stats block without the `invoked oom-killer` line): the next report that begins
+        # without that line takes them. A live log's reports always begin with it (or lose their table with it).
+        self._orphan_texts: deque[str] = deque(maxlen=REPORT_RECORDS_MAX)
+        self._last_lines: dict[int, tuple[OomKilled, float]] = {}  # a saved log's last kill line of each pid
         self._last_group_victim: Optional[int] = None  # the victim of the last group kill, until it is reprinted
         # Pids of the last kill lines: an `oom_reaper:` line for one of them is no news (for another, it is a kill
         # whose line is missing).
@@ -323,9 +332,15 @@ class Correlator:
         (a process writing to /dev/kmsg must not plant task rows), after the report's first line and before
         its summary and kills."""
         b = self._open
-        if (b is not None and b.memory_texts is not None and b.summary is None and not b.kills
-                and record.priority >> 3 == KERNEL_FACILITY and len(b.memory_texts) < REPORT_RECORDS_MAX):
-            b.memory_texts.append(record.text)
+        if record.priority >> 3 != KERNEL_FACILITY:
+            return
+        if b is not None and b.summary is None and not b.kills:
+            if b.memory_texts is None and not self._live:
+                b.memory_texts = []  # a pasted report begun past its first line: its table may still come
+            if b.memory_texts is not None and len(b.memory_texts) < REPORT_RECORDS_MAX:
+                b.memory_texts.append(record.text)
+        elif not self._live and (b is None or b.summary is not None or b.kills):
+            self._orphan_texts.append(record.text)  # before the next report's first line that survived
 
     def skipped(self, count: int, last_seq: Optional[int], memory: Optional[bytes] = None) -> None:
         """`count` records the reader's pre-filter found no OOM words in (read, not parsed); or, with `memory`,
@@ -349,6 +364,11 @@ class Correlator:
         if self._gap and not with_report_start:
             b.partial = True
         self._gap = False
+        if b.invoked is not None:
+            self._orphan_texts.clear()  # a whole report: what came before it is not its memory part
+        elif self._orphan_texts and b.memory_texts is None:
+            b.memory_texts = list(self._orphan_texts)
+            self._orphan_texts.clear()
         return b
 
     def flush(self) -> list[Incident]:
@@ -417,6 +437,19 @@ class Correlator:
 
     # --- state machine -----------------------------------------------------------------------------
 
+    def _repeated(self, line: OomKilled, when: float) -> bool:
+        """A saved log's kill line that repeats, to the last size, one of an incident already built less than
+        REPEAT_SECONDS before (a paste that quotes the same lines twice): the same kill, said again. A process is
+        killed once, and another process given the same pid would not have the same sizes."""
+        seen = self._last_lines.get(line.pid)
+        self._last_lines[line.pid] = (line, when)
+        if len(self._last_lines) > 4096:
+            self._last_lines.pop(next(iter(self._last_lines)))
+        if seen is None or seen[0] != line or abs(when - seen[1]) > REPEAT_SECONDS:
+            return False
+        self.stats.repeated_lines += 1
+        return True
+
     def _on_killed(self, line: OomKilled, record: KmsgRecord, when: float) -> None:
         b = self._open
         if b is None and line.pid == self._last_group_victim:
@@ -428,6 +461,8 @@ class Correlator:
             self.stats.late_reprints += 1
             return
         self._last_group_victim = None
+        if not self._live and (b is None or line.pid not in b.pid_set) and self._repeated(line, when):
+            return
         if line.pid not in self._recent_killed:
             if len(self._recent_order) == self._recent_order.maxlen:
                 self._recent_killed.discard(self._recent_order[0])
@@ -521,6 +556,8 @@ class Correlator:
             return
         if not b.kills:
             self.stats.invocations_without_kill += 1
+            if b.memory_texts and not self._live:  # a paste that repeats a report's start: the next one's part
+                self._orphan_texts.extend(b.memory_texts)
             return
         incident = self._build(b)
         if incident.kind == "group" and not b.reprints and incident.victim is not None:
@@ -666,6 +703,8 @@ class Correlator:
 
 
 def _rss_bytes(p: KilledProcess) -> Optional[int]:
-    """The rss its kill line printed (anon + file + shmem), or None."""
-    parts = (p.anon_rss_bytes, p.file_rss_bytes, p.shmem_rss_bytes)
-    return None if any(v is None for v in parts) else sum(parts)  # type: ignore[arg-type]
+    """The rss its kill line printed (anon + file + shmem; before 4.9 the line has no shmem, which file-rss
+    counts then), or None."""
+    if p.anon_rss_bytes is None or p.file_rss_bytes is None:
+        return None
+    return p.anon_rss_bytes + p.file_rss_bytes + (p.shmem_rss_bytes or 0)

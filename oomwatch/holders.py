@@ -114,39 +114,44 @@ def _share(value: Optional[int], limit_bytes: Optional[int]) -> Optional[float]:
     return None if value is None or not limit_bytes else round(value / limit_bytes, 4)
 
 
-def _sum_pages(pages: Iterable[Optional[int]], page_size: int) -> Optional[int]:
-    """Bytes of these page counts; None when any is unknown (a column the kernel did not print)."""
+def _sum_pages(pages: Iterable[Optional[int]], page_size: Optional[int]) -> Optional[int]:
+    """Bytes of these page counts; None when any is unknown (a column the kernel did not print) or the page size
+    is not known."""
     total = 0
     for n in pages:
         if n is None:
             return None
         total += n
-    return total * page_size
+    return None if page_size is None else total * page_size
+
+
+def _bytes(pages: Optional[int], page_size: Optional[int]) -> Optional[int]:
+    return None if pages is None or page_size is None else pages * page_size
 
 
 def _largest_first(row: TaskRow) -> tuple[int, int]:
     return -row.rss_pages, row.pid
 
 
-def top_holders(rows: Sequence[TaskRow], page_size: int, killed_pids: Iterable[int] = (),
+def top_holders(rows: Sequence[TaskRow], page_size: Optional[int], killed_pids: Iterable[int] = (),
                 limit_bytes: Optional[int] = None, count: int = TOP_HOLDERS) -> list[dict]:
-    """The `count` largest tasks by rss, largest first (ties: lower pid first): pid, comm, rss_bytes,
-    anon_bytes/file_bytes/shmem_bytes (None where the kernel does not split rss), limit_share (rss over the
-    limit, None when unknown) and killed."""
+    """The `count` largest tasks by rss, largest first (ties: lower pid first): pid, comm, rss_pages (the table's
+    own count), rss_bytes, anon_bytes/file_bytes/shmem_bytes (None where the kernel does not split rss, and every
+    byte count None when the page size is not known: a pasted table without its victim's row), limit_share
+    (rss over the limit, None when unknown) and killed."""
     killed = set(killed_pids)
     out = []
     for r in sorted(rows, key=_largest_first)[:count]:
-        rss = r.rss_pages * page_size
-        anon, file, shmem = r.rss_anon_pages, r.rss_file_pages, r.rss_shmem_pages
-        out.append({"pid": r.pid, "comm": r.name, "rss_bytes": rss,
-                    "anon_bytes": None if anon is None else anon * page_size,
-                    "file_bytes": None if file is None else file * page_size,
-                    "shmem_bytes": None if shmem is None else shmem * page_size,
+        rss = _bytes(r.rss_pages, page_size)
+        out.append({"pid": r.pid, "comm": r.name, "rss_pages": r.rss_pages, "rss_bytes": rss,
+                    "anon_bytes": _bytes(r.rss_anon_pages, page_size),
+                    "file_bytes": _bytes(r.rss_file_pages, page_size),
+                    "shmem_bytes": _bytes(r.rss_shmem_pages, page_size),
                     "limit_share": _share(rss, limit_bytes), "killed": r.pid in killed})
     return out
 
 
-def pools(rows: Sequence[TaskRow], page_size: int, killed_pids: Iterable[int] = (),
+def pools(rows: Sequence[TaskRow], page_size: Optional[int], killed_pids: Iterable[int] = (),
           limit_bytes: Optional[int] = None) -> list[dict]:
     """Tasks that share a comm (POOL_MIN_PROCESSES or more), summed, largest first: comm, processes,
     rss_bytes (the sum of their rss: pages they share, such as a forked parent's, count once in each), the
@@ -162,13 +167,14 @@ def pools(rows: Sequence[TaskRow], page_size: int, killed_pids: Iterable[int] = 
         if len(members) < POOL_MIN_PROCESSES:
             continue
         rss = _sum_pages((m.rss_pages for m in members), page_size)
-        out.append({"comm": comm, "processes": len(members), "rss_bytes": rss,
+        out.append({"comm": comm, "processes": len(members), "rss_pages": sum(m.rss_pages for m in members),
+                    "rss_bytes": rss,
                     "anon_bytes": _sum_pages((m.rss_anon_pages for m in members), page_size),
                     "file_bytes": _sum_pages((m.rss_file_pages for m in members), page_size),
                     "shmem_bytes": _sum_pages((m.rss_shmem_pages for m in members), page_size),
                     "limit_share": _share(rss, limit_bytes),
                     "killed": sum(1 for m in members if m.pid in killed)})
-    out.sort(key=lambda p: (-(p["rss_bytes"] or 0), p["comm"]))
+    out.sort(key=lambda p: (-p["rss_pages"], p["comm"]))
     return out
 
 
@@ -303,16 +309,16 @@ _KIB = 1024  # kill lines print kB: rows made from them count 1 KiB "pages"
 
 
 def kill_line_rows(killed: Sequence[KilledProcess]) -> list[TaskRow]:
-    """The killed processes as task rows in KiB (page size 1024), from their kill lines' anon/file/shmem rss;
-    a process whose line printed no sizes (before 4.9: total rss only) is left out."""
+    """The killed processes as task rows in KiB (page size 1024), from their kill lines' anon/file/shmem rss
+    (before 4.9 no shmem-rss: None, counted in file-rss); a process whose line printed no sizes is left out."""
     rows = []
     for p in killed:
-        parts = (p.anon_rss_bytes, p.file_rss_bytes, p.shmem_rss_bytes)
-        if any(v is None for v in parts):
+        if p.anon_rss_bytes is None or p.file_rss_bytes is None:
             continue
-        anon, file, shmem = (v // _KIB for v in parts)  # type: ignore[operator]
+        anon, file = p.anon_rss_bytes // _KIB, p.file_rss_bytes // _KIB
+        shmem = None if p.shmem_rss_bytes is None else p.shmem_rss_bytes // _KIB  # (before 4.9: in file-rss)
         rows.append(TaskRow(pid=p.pid, uid=p.uid if p.uid is not None else -1, tgid=p.pid,
-                            total_vm_pages=(p.total_vm_bytes or 0) // _KIB, rss_pages=anon + file + shmem,
+                            total_vm_pages=(p.total_vm_bytes or 0) // _KIB, rss_pages=anon + file + (shmem or 0),
                             rss_anon_pages=anon, rss_file_pages=file, rss_shmem_pages=shmem,
                             pgtables_bytes=None, nr_ptes=None, swapents_pages=0,
                             oom_score_adj=p.oom_score_adj if p.oom_score_adj is not None else 0, name=p.comm))
@@ -328,7 +334,8 @@ def kill_lines_breakdown(rows: Sequence[TaskRow]) -> Optional[dict[str, Any]]:
     parts.update(dict.fromkeys(BREAKDOWN_KEYS))
     parts["anon_bytes"] = sum(r.rss_anon_pages or 0 for r in rows) * _KIB
     parts["file_bytes"] = sum(r.rss_file_pages or 0 for r in rows) * _KIB  # mapped file pages only
-    parts["shmem_bytes"] = sum(r.rss_shmem_pages or 0 for r in rows) * _KIB  # mapped tmpfs/shm pages only
+    shmem = [r.rss_shmem_pages for r in rows]
+    parts["shmem_bytes"] = None if None in shmem else sum(shmem) * _KIB  # mapped tmpfs/shm pages only
     parts["unseen"] = list(KILL_LINES_UNSEEN)
     return parts
 
@@ -357,7 +364,7 @@ def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int]
     """What held the memory, from one report's memory part (oomwatch.parse.memstat): {"memory_breakdown":
     {source, age_seconds, BREAKDOWN_KEYS…} | None, "top_holders": […], "pools": […], "verdict": VERDICTS,
     "verdict_sentence": str}. `page_size`: the task table's pages (the agent's own; None for a pasted log: told
-    from the victim's row, else the rows are left out). `killed_pids`: the victim first. `oom_cgroup`: the
+    from the victim's row, else the rows are ranked by pages, their bytes unknown). `killed_pids`: the victim first. `oom_cgroup`: the
     cgroup the report's summary names; stats of another cgroup (lines of two reports mixed) are not this kill's,
     and are left out. `memory_stat`: (a memory.stat reading of the OOM cgroup known to be from before the kill,
     seconds before it), used when the report printed no stats block (source "memory.stat"). `killed`: the killed
@@ -375,7 +382,7 @@ def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int]
             parts = {"source": "kmsg", "age_seconds": 0.0, **(breakdown(report.stats) or {})}
         elif report.meminfo is not None and size is not None:
             parts = {"source": "meminfo", "age_seconds": 0.0, **(breakdown(report.meminfo, size) or {})}
-        if size is not None and rows:
+        if rows:  # (without a page size: ranked by pages, their bytes unknown)
             holders = top_holders(rows, size, killed_pids, limit_bytes)
             pools_ = pools(rows, size, killed_pids, limit_bytes)[:POOLS_KEPT]
     if parts is None and memory_stat is not None and (report is None or report.meminfo is None):
@@ -389,6 +396,8 @@ def held_memory(report: Optional[OomMemoryReport], *, limit_bytes: Optional[int]
     if not holders and from_kill_lines:
         holders = top_holders(from_kill_lines, _KIB, killed_pids, limit_bytes)
         pools_ = pools(from_kill_lines, _KIB, killed_pids, limit_bytes)[:POOLS_KEPT]
+        for row in (*holders, *pools_):
+            row["rss_pages"] = None  # (the kill lines count KiB, not pages)
         for h in holders:
             h["from"] = "kill_lines"
     sizes = {k: parts.get(k) for k in BREAKDOWN_KEYS} if parts else None

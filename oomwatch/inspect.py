@@ -742,8 +742,10 @@ def held_lines(inc: dict) -> list[str]:
         dirty = (parts.get("file_dirty_bytes") or 0) + (parts.get("file_writeback_bytes") or 0)
         out.append(f"memory at the kill ({where}): {sizes or 'nothing charged'}"
                    + (f" ({human_bytes(dirty)} of file dirty or under writeback)" if dirty else ""))
-    named = [f"{h['comm']}({h['pid']}) {human_bytes(h['rss_bytes'])}" + (" killed" if h.get("killed") else "")
-             for h in holders if h.get("rss_bytes") is not None]
+    named = [f"{h['comm']}({h['pid']}) " + (human_bytes(h["rss_bytes"]) if h.get("rss_bytes") is not None
+                                            else f"{h['rss_pages']} pages")
+             + (" killed" if h.get("killed") else "")
+             for h in holders if h.get("rss_bytes") is not None or h.get("rss_pages") is not None]
     pooled = [f"{p['processes']} × {p['comm']} {human_bytes(p['rss_bytes'])}" for p in pools
               if p.get("rss_bytes") is not None]
     if named or pooled:

@@ -99,7 +99,7 @@ def observed(report: dict) -> tuple[list[dict], list[int]]:
         incidents.append({"kind": inc["kind"], "constraint": inc["constraint"], "oom_cgroup": inc["oom_cgroup"],
                           "victim_cgroup": (inc.get("victim") or {}).get("cgroup"),
                           "group_cgroup": inc["group_cgroup"],
-                          "top_holder": (f"{table[0]['comm']}({table[0]['pid']}) rss={table[0]['rss_bytes'] // PAGE}"
+                          "top_holder": (f"{table[0]['comm']}({table[0]['pid']}) rss={table[0]['rss_pages']}"
                                          if table else "-")})
         anon += [p["anon_rss_bytes"] for p in inc["killed"]]
     return incidents, anon

@@ -57,7 +57,7 @@ def test_6_12_pool_of_workers():
     largest = sorted(pool["report"].tasks, key=lambda t: -t.rss_pages)[:5]
     assert [h["pid"] for h in pool["top"]] == [t.pid for t in largest] == [175, 173, 176, 179, 174]
     first = pool["top"][0]
-    assert first == {"pid": 175, "comm": "pt_data_worker", "rss_bytes": 7015 * PAGE,
+    assert first == {"pid": 175, "comm": "pt_data_worker", "rss_pages": 7015, "rss_bytes": 7015 * PAGE,
                      "anon_bytes": 6430 * PAGE, "file_bytes": 585 * PAGE, "shmem_bytes": 0,
                      "limit_share": round(7015 * PAGE / (160 * MIB), 4), "killed": True}
     # the breakdown is the printed block: anon filled the limit

@@ -405,6 +405,10 @@ def first_report(texts: Iterable[str], keys: Optional[frozenset[str]] = None) ->
     return next(iter(memory_reports(texts, keys)), None)
 
 
+# What a person writes for the rows a paste leaves out of a task table
+_ELISIONS = frozenset(("...", "…", "[...]", "[…]", ". . ."))
+
+
 def memory_reports(texts: Iterable[str], keys: Optional[frozenset[str]] = None) -> Iterator[OomMemoryReport]:
     """The memory parts of each OOM report in a run of message texts (records' text, in order). A report
     starts at `Memory cgroup stats for`, `Mem-Info:` or a task table (its title, or the column header alone:
@@ -448,6 +452,8 @@ def memory_reports(texts: Iterable[str], keys: Optional[frozenset[str]] = None) 
                 if len(state.rows) < MAX_TASK_ROWS:
                     state.rows.append(row)
                 continue
+            if text.strip() in _ELISIONS:
+                continue  # a paste that left rows out ("..."): the table goes on
             yield state.report()
             state = _ReportState()
         if is_task_table_title(text) or text.lstrip().startswith("["):
