@@ -184,7 +184,7 @@ def test_a_missing_kernel_log_is_unhealthy_and_named(tmp_path: Path) -> None:
     source = KernelLogSource(str(tmp_path / "no-such-kmsg"), emitted.append)
     assert source.open(lambda kind: None) is None
     source.start()  # its reading fails on its thread
-    assert wait_for(lambda: not source.health()[0])
+    assert wait_for(lambda: not source.health()[0], timeout=60)
     assert "no-such-kmsg does not exist" in source.health()[1]
     assert emitted == []
     source.stop()
@@ -217,7 +217,7 @@ def test_a_refused_device_falls_back_to_syslog(monkeypatch) -> None:
     try:
         assert source.kind == "syslog" and asked == ["kmsg", "syslog"]
         source.start()
-        assert wait_for(lambda: any(isinstance(e, KernelLog) and e.items for e in emitted))
+        assert wait_for(lambda: any(isinstance(e, KernelLog) and e.items for e in emitted), timeout=60)
         assert source.health() == (True, "ok")
     finally:
         source.stop()

@@ -217,7 +217,7 @@ def test_a_cgroup_that_breaks_its_handler_does_not_stop_the_watch(tmp_path: Path
     try:
         for name in ("memory.events.local", "memory.events"):  # inotify watches memory.events
             (tree / "a" / name).write_text("max 99\noom 9\noom_kill 9\noom_group_kill 0\n")
-        assert wait_for(lambda: source.watcher.callback_errors >= 1)
+        assert wait_for(lambda: source.watcher.callback_errors >= 1, timeout=60)
         for name in ("memory.events.local", "memory.events"):
             (tree / "b" / name).write_text("max 99\noom 9\noom_kill 99\noom_group_kill 9\n")
 
@@ -228,7 +228,7 @@ def test_a_cgroup_that_breaks_its_handler_does_not_stop_the_watch(tmp_path: Path
                     return True
             return False
 
-        assert wait_for(b_changed)
+        assert wait_for(b_changed, timeout=60)
         assert source.watcher.alive and source.watcher.error is None
     finally:
         source.stop()

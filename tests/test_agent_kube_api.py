@@ -38,7 +38,7 @@ def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) ->
         sink = PodEventSink(PodEventRecorder(api.client(), NODE))
         sink.start(())
         try:
-            assert pod_index.wait_synced(5)
+            assert pod_index.wait_synced(60)
             # The resolver as the agent gives the pipeline one: names from the pod index, no file read.
             replay = Replay(live_settings(), now=1.0, sinks=[sink],
                             resolver=WorkloadResolver(RuntimeNames(read_files=False), pod_index))
@@ -53,7 +53,7 @@ def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) ->
             ]], drained_at=1.0))
             replay.settle()
             (incident,) = replay.published
-            assert wait_for(lambda: len(api.events) == 2)  # the pod's Event and its PyTorchJob's
+            assert wait_for(lambda: len(api.events) == 2, timeout=60)  # the pod's Event and its PyTorchJob's
         finally:
             sink.close()
             pod_index.stop()
