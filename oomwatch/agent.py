@@ -59,7 +59,8 @@ class Agent:
         self.stat_cache = StatCache(self.fs)
         self.kubelet_config = KubeletConfigWatch(config.kubelet_config, self.posture.single_process_oom_kill,
                                                  self.events.put)
-        self.kernel_log = KernelLogSource(config.kmsg, self.events.put, factory=kmsg_factory, early_pump=early_pump)
+        self.kernel_log = KernelLogSource(config.kmsg, self.events.put, factory=kmsg_factory, early_pump=early_pump,
+                                          queued=self.events.qsize)
         self.layout = node_layout(config.kubelet_config)  # Kubernetes identities only below the kubelet's root
         names = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir,
                                               is_tmpfs=host_is_tmpfs(config.proc)),

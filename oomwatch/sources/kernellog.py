@@ -28,8 +28,12 @@ from oomwatch.sources.kmsgproc import KmsgChild
 
 log = logging.getLogger(__name__)
 
-# Items of a saved log handed to the pipeline at a time.
+# Items of a saved log handed to the pipeline at a time, and how many events may wait on the loop's queue before
+# the replay waits for it: a log is read faster than the pipeline takes it, and parsed records waiting there
+# were most of the agent's memory in a replay of 200,000 kills (issue 31 item 3).
 REPLAY_BATCH = 512
+REPLAY_QUEUED_MAX = 8
+REPLAY_WAIT = 0.005  # seconds between two looks at the queue while it is full
 
 
 class KernelLogSource:
@@ -37,8 +41,10 @@ class KernelLogSource:
     `early_pump` is one already draining /dev/kmsg. Its cursor decides where a restart resumes."""
 
     def __init__(self, path: str, emit: Callable[[Any], None], *, factory: Optional[Callable] = None,
-                 early_pump: Optional[KernelLogPump] = None) -> None:
+                 early_pump: Optional[KernelLogPump] = None, queued: Callable[[], int] = lambda: 0) -> None:
         self.path, self._emit = path, emit
+        self._queued = queued  # events waiting on the loop's queue (a saved log's replay keeps it short)
+        self._stopping = threading.Event()
         self._factory = factory
         self._early = early_pump
         self.saved = factory is None and is_saved_log(path)
@@ -114,6 +120,8 @@ class KernelLogSource:
                     index = item.seq + 1
                 batch.append(item)
                 if len(batch) >= REPLAY_BATCH:
+                    while self._queued() >= REPLAY_QUEUED_MAX and not self._stopping.is_set():
+                        self._stopping.wait(REPLAY_WAIT)
                     self._emit(KernelLog(batch))
                     batch = []
         except OSError as exc:
@@ -151,5 +159,6 @@ class KernelLogSource:
         return True, "ok"
 
     def stop(self) -> None:
+        self._stopping.set()
         if self.pump is not None:
             self.pump.stop()
