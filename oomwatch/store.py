@@ -118,6 +118,10 @@ class Store:
 
     # --- updates -----------------------------------------------------------------------------------
 
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Take the times it stamps (a workload gone, an expiry) from `clock`: the pipeline's, the events' times."""
+        self._clock = clock
+
     def publish(self, incident: Incident, *, observe_latency: bool = True) -> bool:
         """Count an incident once. False (nothing changed) when it was already published."""
         key = incident.key

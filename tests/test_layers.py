@@ -22,8 +22,8 @@ BOTTOM = ("oomwatch.parse", "oomwatch.model", "oomwatch.names", "oomwatch.timefm
 # (modules, what they may not reach): each a module name or a package prefix ("oomwatch.sinks" is the package
 # and every module below it).
 FORBIDDEN = [
-    ("oomwatch.sources", ("oomwatch.deaths", "oomwatch.holders", "oomwatch.pipeline", "oomwatch.correlator",
-                          "oomwatch.sinks")),
+    ("oomwatch.sources", ("oomwatch.deaths", "oomwatch.holders", "oomwatch.pipeline", "oomwatch.stages",
+                          "oomwatch.correlator", "oomwatch.sinks")),
     ("oomwatch.sinks", ("oomwatch.sources",)),
     ("oomwatch.node", ("oomwatch.sinks",)),
     ("oomwatch.events", ("oomwatch.workloads", "oomwatch.sources", "oomwatch.sinks")),

@@ -1,0 +1,260 @@
+"""Kernel log → incidents: the correlator turns records into incidents, the witness queue holds group kills for
+their exits, the memory readings stand in for lost stats blocks; this stage knows how far the log has been read
+(`drained_at`, `read_started`), when what is being printed is complete (a quiet log, or `_counted_complete`), and
+where the cursor is. Others see it only through `KernelLogView`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional, Protocol
+
+from oomwatch.correlator import Correlator, is_within
+from oomwatch.events import CgroupAdded, CgroupRemoved, KernelLog, KernelLogEnded, MemoryStatRead, Stop
+from oomwatch.memreadings import MemoryReadings
+from oomwatch.model import Garbled, Incident, KmsgRecord, Lost, Skipped
+from oomwatch.stages import Context, Due, Effects, SigKilled
+from oomwatch.witness import WitnessQueue
+
+VIEWS = ("KernelLogView",)
+
+
+class CountedKills(Protocol):
+    """What memory.events counted and no published incident describes yet (the counts stage's view)."""
+
+    def unaccounted_kills(self, cgroup: str) -> int: ...
+
+    def unaccounted_group_kills(self, cgroup: str) -> Optional[int]: ...
+
+
+class KernelLogStage:
+    TAKES = (KernelLog, KernelLogEnded, MemoryStatRead, CgroupAdded, CgroupRemoved, SigKilled, Stop)
+
+    def __init__(self, context: Context, explain: Callable[[Incident], str], now: float) -> None:
+        self._context = context
+        settings, resolver = context.settings, context.resolver
+        self._now = now
+        live = settings.kmsg_source is not None
+        # memory.stat readings for kills whose report lost its stats block (kept only with a live kernel log:
+        # only its reads can order them before a kill)
+        self.readings = MemoryReadings()
+        self.correlator = Correlator(boot_id=settings.boot_id, boot_time=settings.boot_time,
+                                     resolve_workload=resolver.resolve, scope_of=resolver.layout.scope_of,
+                                     explain=explain, view=context.node, detected_clock=lambda: self._now,
+                                     live=live, page_size=settings.page_size, memory_reading=self.readings.before,
+                                     tmpfs_mounts=resolver.tmpfs_mounts)
+        self.witness = WitnessQueue(explain=explain, wait=settings.witness_wait if live else 0.0)
+        self._counted: Optional[CountedKills] = None
+        self._skip_upto = settings.skip_upto
+        self._last_record = now
+        self._caught_up = False
+        self._read_started = 0.0  # the last KernelLog's drained_at: the log is read to its end up to then
+        self._reads = 0
+        self._drained_at = 0.0  # the log was last read to its end with everything published at this time
+        self._live = False  # the backlog already in the ring at start is not timed
+
+    def counted_by(self, counted: CountedKills) -> None:
+        """The counts stage's read-only view (given after both exist: each waits on the other)."""
+        self._counted = counted
+
+    def view(self) -> "KernelLogView":
+        return KernelLogView(self)
+
+    def step(self, event: Any, now: float, fx: Effects) -> list:
+        self._now = now
+        if isinstance(event, KernelLog):
+            self._kernel_log(event, fx)
+        elif isinstance(event, KernelLogEnded):
+            if event.saved:  # a saved log read to its end: everything in it is complete
+                self.witness.add(self.correlator.flush(), now)
+                return [Due(self.witness.due(now, everything=True), self._live)]
+            if event.error:
+                fx.fatal = event.error
+        elif isinstance(event, MemoryStatRead):
+            if self._context.settings.kmsg_source is not None:
+                self.readings.add(event.path, event.taken, event.stat)
+        elif isinstance(event, CgroupAdded):
+            self.readings.added(event.path)
+        elif isinstance(event, CgroupRemoved):
+            self.readings.removed(event.path)  # (kept a while: the kill's lines can come after the removal)
+        elif isinstance(event, SigKilled):
+            self.witness.exited(event.pid, event.cgroup, event.time)
+        elif isinstance(event, Stop):
+            # Incidents finished but held back are complete: publish them. One still being printed is left to
+            # the next start, which re-reads the log from its first record (the cursor stops before it).
+            self.witness.add(self.correlator.release_finished(), now)
+            return [Due(self.witness.due(now, everything=True), self._live)]
+        return []
+
+    def _kernel_log(self, event: KernelLog, fx: Effects) -> None:
+        store = self._context.store
+        self.correlator.batch = self.readings.batch_started()  # readings the last read covers precede its kills
+        items = self._after_cursor(event.items)
+        for item in items:
+            try:
+                self._kernel_item(item, fx)
+            except Exception as exc:  # one bad record must not stop the reading: count it, say it, go on
+                store.count_kmsg(parse_errors=1)
+                fx.logs.append((logging.ERROR, f"kernel log: cannot process record {item!r:.300}: {exc!r}; "
+                                               "skipped"))
+        if items:
+            self._last_record = self._now
+            fx.changed = True  # (the records counted)
+        self._caught_up = event.drained_at is not None
+        self.readings.batch_ended(event.drained_at if self._context.settings.kmsg_source is not None else None)
+        if event.drained_at is not None:
+            self._read_started = event.drained_at
+            self._reads += 1
+
+    def _kernel_item(self, item: Any, fx: Effects) -> None:
+        store = self._context.store
+        if isinstance(item, KmsgRecord):
+            stats = self.correlator.stats
+            errors_before, rejected_before = stats.parse_errors, stats.rejected
+            out = self.correlator.feed(item)
+            store.count_kmsg(records=1, parse_errors=stats.parse_errors - errors_before,
+                             rejected=stats.rejected - rejected_before)
+            if stats.rejected > rejected_before:
+                fx.logs.append((logging.WARNING, f"kernel log: rejected an OOM line from syslog facility "
+                                                 f"{item.priority >> 3}, not the kernel (written to /dev/kmsg by a "
+                                                 f"process?): {item.text:.200}"))
+            if out:
+                self.witness.add(out, self._now)
+        elif isinstance(item, Skipped):  # a ReportMemory too: a report's memory part, as the reader kept it
+            self.correlator.skipped(item.count, item.last_seq, getattr(item, "part", None))
+            store.count_kmsg(records=item.count)
+        elif isinstance(item, Lost):
+            self.correlator.lost(item.count or 0)
+            store.count_kmsg(lost=item.count or 0)
+            fx.logs.append((logging.WARNING, f"kernel log: {item.count or 'some'} records lost before they could "
+                                             "be read (the kernel's memory.events still count their kills)"))
+        elif isinstance(item, Garbled):
+            store.count_kmsg(parse_errors=1)
+
+    def _after_cursor(self, items: list) -> list:
+        """An early reader read the ring from its oldest record: drop what the saved cursor says was done, and
+        count a gap between the cursor and the oldest record still there as lost."""
+        if self._skip_upto is None or not items:
+            return items
+        cursor, out = self._skip_upto, []
+        for n, item in enumerate(items):
+            seq = item.last_seq if isinstance(item, Skipped) else getattr(item, "seq", None)
+            if seq is None or seq <= cursor:
+                continue
+            first = seq - item.count + 1 if isinstance(item, Skipped) else seq
+            if first > cursor + 1:
+                out.append(Lost(first - cursor - 1))
+            out.extend(items[n:])
+            self._skip_upto = None
+            break
+        return out
+
+    def advance(self, now: float, fx: Effects) -> list:
+        """Complete quiet (or fully counted) incidents, hand on what is due, say how far the log is drained."""
+        self._now = now
+        correlator, out = self.correlator, []
+        if correlator.pending and self._caught_up and (now >= self._last_record + self._quiet()
+                                                        or self._counted_complete()):
+            self.witness.add(correlator.flush(), now)  # quiet long enough, or every line counted: complete
+        if self.witness.next_due() is not None:
+            out.append(Due(self.witness.due(now), self._live))
+        if self._caught_up and not correlator.pending and not len(self.witness):
+            # Read up to when its reader last found the log at its end (KernelLog.drained_at: the reader child's
+            # own time for /dev/kmsg, which can lag behind a storm by more than a second; when its last read
+            # began for syslog(2)), never up to now: a kill whose lines are still in the reader is not a kill
+            # without lines (the 50x4 storm of 2026-11-26 14:32 counted one twice so).
+            self._drained_at = min(now, self._read_started)
+            self._live = self._live or self._reads > 0
+        return out
+
+    def next_deadline(self) -> Optional[float]:
+        """Never a time a Tick would leave due: while still reading, the next batch moves it."""
+        times = [self.witness.next_due()]
+        if self.correlator.pending and self._caught_up:
+            times.append(self._last_record + self._quiet())
+        return min((t for t in times if t is not None), default=None)
+
+    def _quiet(self) -> float:
+        """How long the log must be quiet before what is being printed is taken as complete: longer while a group
+        listing is open, or while memory.events has counted kills in its cgroups whose lines have not come (the
+        counters move before the kernel prints each line, and the log's reader can lag behind them)."""
+        settings = self._context.settings
+        if self.correlator.listing or self._lines_owed():
+            return max(settings.quiet, settings.quiet_listing)
+        return settings.quiet
+
+    def _counted_complete(self) -> bool:
+        """Issue 30: what is being printed is complete once its lines are exactly what memory.events counted for
+        their cgroups (the kernel counts each kill before printing its line, and a group kill once its listing is
+        printed), with nothing more to come: every line's cgroup known, every group kill's oom_group_kill
+        counted, and no kill in a cgroup where memory.oom.group applies without its `Tasks in` line. Otherwise
+        (a cgroup not watched, a kernel without the counter, a pasted log) the quiet window decides."""
+        if not self._context.settings.counting or self._counted is None:
+            return False
+        lines = self.correlator.unpublished_lines()
+        groups = self.correlator.unpublished_groups()
+        if not lines or groups is None:
+            return False
+        unaccounted = self._counted.unaccounted_kills
+        if any(unaccounted(cgroup) != n for cgroup, n in lines.items()):
+            return False
+        counted = self._counted.unaccounted_group_kills
+        if any(counted(cgroup) != n for cgroup, n in groups.items()):
+            return False
+        node = self._context.node
+        return not any(node.is_grouped(c) and not any(is_within(c, g) for g in groups) for c in lines)
+
+    def _lines_owed(self) -> bool:
+        if self._counted is None:
+            return False
+        unaccounted = self._counted.unaccounted_kills
+        return any(unaccounted(cgroup) > lines for cgroup, lines in self.correlator.unpublished_lines().items())
+
+    def cursor(self) -> Optional[int]:
+        """The last record fully published: a restart reads from the first record of anything pending."""
+        pending = [s for s in (self.correlator.pending_since_seq, self.witness.pending_since_seq())
+                   if s is not None]
+        cursor = min(pending) - 1 if pending else self.correlator.last_seq
+        if cursor is None and self._context.store.cursor_seq is not None:
+            cursor = self._context.store.cursor_seq
+        return cursor
+
+
+class KernelLogView:
+    """How far the kernel log has been read, read-only, for the stages that wait on it (counts, deaths)."""
+
+    __slots__ = ("_stage",)
+
+    def __init__(self, stage: KernelLogStage) -> None:
+        self._stage = stage
+
+    @property
+    def caught_up(self) -> bool:
+        """The last batch ended with the log read to its end."""
+        return self._stage._caught_up
+
+    @property
+    def read_started(self) -> float:
+        """The last KernelLog's drained_at: every record printed up to then has been read."""
+        return self._stage._read_started
+
+    @property
+    def drained_at(self) -> float:
+        """The log was last read to its end with everything it described published at this time."""
+        return self._stage._drained_at
+
+    @property
+    def live(self) -> bool:
+        """Past the backlog found at start: publications are timed."""
+        return self._stage._live
+
+    @property
+    def pending(self) -> bool:
+        """An incident is still being printed."""
+        return bool(self._stage.correlator.pending)
+
+    def busy(self) -> bool:
+        """The kernel log is describing a kill (an incident open, or a group kill waiting for its exits)."""
+        return bool(self._stage.correlator.pending or len(self._stage.witness))
+
+    def cursor(self) -> Optional[int]:
+        return self._stage.cursor()
