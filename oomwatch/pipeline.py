@@ -67,7 +67,6 @@ class Pipeline:
         # The order the stages take an event in: the kernel log's before the deaths it may explain, what a
         # workload was (deaths) before its identity is forgotten, the counts last (they save what the others did).
         stages: tuple[Stage, ...] = (self._posture, self._log, self.deaths, self._identity, self._counts)
-        self._stages = stages
         self._takers: dict[type, list[Stage]] = {Tick: []}
         for stage in stages:
             for kind in stage.TAKES:
@@ -94,12 +93,19 @@ class Pipeline:
         no stage takes (not even none, as a Tick) is a mistake: KeyError."""
         for event in events:
             for stage in self._takers[type(event)]:
-                self._hand_on(stage.step(event, self._now, fx), fx)
+                told = stage.step(event, self._now, fx)
+                if told:
+                    self._hand_on(told, fx)
 
     def next_deadline(self) -> Optional[float]:
         """When a Tick is due (None: nothing is due until the next event). Never a time a Tick would leave due:
         what only a new event can move (a read of the kernel log) offers no deadline, or the loop would spin."""
-        return min((t for t in (stage.next_deadline() for stage in self._stages) if t is not None), default=None)
+        soonest = None
+        for stage in self._advancing:  # (the posture stage has no deadline)
+            due = stage.next_deadline()
+            if due is not None and (soonest is None or due < soonest):
+                soonest = due
+        return soonest
 
     def view(self) -> View:
         """In constant time (cowmap): taken after every change, so churn costs what changed, not what is kept."""

@@ -168,10 +168,11 @@ class KernelLogStage:
 
     def next_deadline(self) -> Optional[float]:
         """Never a time a Tick would leave due: while still reading, the next batch moves it."""
-        times = [self.witness.next_due()]
+        due = self.witness.next_due()
         if self.correlator.pending and self._caught_up:
-            times.append(self._last_record + self._quiet())
-        return min((t for t in times if t is not None), default=None)
+            quiet_at = self._last_record + self._quiet()
+            return quiet_at if due is None else min(due, quiet_at)
+        return due
 
     def _quiet(self) -> float:
         """How long the log must be quiet before what is being printed is taken as complete: longer while a group
