@@ -10,22 +10,9 @@ import logging
 from collections import OrderedDict, deque
 from typing import Any, NamedTuple, Optional
 
-from oomwatch.deaths import (
-    KILL_AFTER_SECONDS,
-    KILL_BEFORE_SECONDS,
-    STOP_BEFORE_SECONDS,
-    DeathTracker,
-    Evidence,
-    Exit,
-    ExitGroup,
-    KernelKill,
-    OomdMark,
-    PodStatus,
-    classify,
-    kernel_kill_of,
-    needs_log,
-    runs_ray,
-)
+from oomwatch.deaths import (KILL_AFTER_SECONDS, KILL_BEFORE_SECONDS, STOP_BEFORE_SECONDS, DeathTracker, Evidence,
+                             Exit, ExitGroup, KernelKill, OomdMark, PodStatus, classify, kernel_kill_of, needs_log,
+                             runs_ray)
 from oomwatch.events import (CgroupAdded, CgroupRemoved, LogTailRead, OomdMarksRead, ProcessExeced,
                              ProcessExited, RayLogRead, Stop)
 from oomwatch.model import Workload
