@@ -78,3 +78,20 @@ def test_the_check_finds_a_reach(tmp_path: Path) -> None:
                                    "from oomwatch.stages import a\nVIEWS = ()\n\n"
                                    "class B:\n    def f(self, other):\n        return other._x, self._y\n")
     assert reaches(tmp_path) == ["b: a.A", "b: import oomwatch.stages.a", "b: a", "b: other._x"]
+
+
+def test_every_event_and_every_value_a_stage_tells_has_a_stage_that_takes_it() -> None:
+    import oomwatch.events as events
+    import oomwatch.stages as stages
+    from oomwatch.stages.counts import CountsStage
+    from oomwatch.stages.deaths import DeathsStage
+    from oomwatch.stages.identity import IdentityStage
+    from oomwatch.stages.kernellog import KernelLogStage
+    from oomwatch.stages.posture import PostureStage
+
+    taken = {kind for stage in (PostureStage, KernelLogStage, DeathsStage, IdentityStage, CountsStage)
+             for kind in stage.TAKES}
+    kinds = [v for v in vars(events).values() if isinstance(v, type) and v.__module__ == events.__name__]
+    kinds += [getattr(stages, name) for name in ("Due", "Published", "CountersMoved", "SigKilled", "DeathCounted")]
+    assert len(kinds) > 20
+    assert [k.__name__ for k in kinds if k not in taken] == ["Tick"]  # (a Tick only advances what is due)
