@@ -13,7 +13,7 @@ threads: `next_deadline()` is the earliest of theirs. Nothing is due while nothi
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple, Optional
+from typing import Any, Collection, Iterable, NamedTuple, Optional
 
 from oomwatch.correlator import Correlator
 from oomwatch.memreadings import MemoryReadings
@@ -37,7 +37,8 @@ class View(NamedTuple):
     """What a scrape and the other readers see: immutable, replaced whole by the pipeline."""
 
     store: Snapshot
-    workloads: tuple[tuple[str, Labels, Workload], ...]  # (cgroup, series labels, identity), one per cgroup
+    # (cgroup, series labels, identity), one per cgroup: sized and re-iterable, taken in constant time (cowmap)
+    workloads: Collection[tuple[str, Labels, Workload]]
     single_process_oom_kill: str
     state_error: Optional[str]
     workloads_over_cap: int = 0  # live workloads left without series: the store is full of live ones

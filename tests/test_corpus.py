@@ -60,7 +60,6 @@ def test_each_report_gives_exactly_the_kills_a_person_reads(path: Path) -> None:
 
 # --- the truth the kernel's lines give ------------------------------------------------------------------
 
-PAGE = 4096  # every corpus report is from a 4 KiB-page machine (x86-64, or ARM/MIPS consoles without a task table)
 TRUTH_KEYS = ("kind", "constraint", "cgroups", "top-holder", "anon-rss")
 
 
