@@ -406,20 +406,15 @@ class Correlator:
                     lines[cgroup] = lines.get(cgroup, 0) + n
         return lines
 
-    def unpublished_groups(self) -> Optional[dict[str, int]]:
-        """Group kills not handed out yet, per group cgroup (as memory.events oom_group_kill counts them), or None
-        when a line of them has no known cgroup (then the counters cannot say they are complete)."""
-        groups: dict[str, int] = {}
+    def unpublished_single_kills_placed(self) -> bool:
+        """Whether what is not handed out yet is single kills only, each line's cgroup known: then memory.events'
+        oom_kill says when their lines are all in. Not for a group kill: the kernel counts oom_group_kill before it
+        prints the listing, so no counter says how long the listing will be."""
         b = self._open
-        if b is not None:
-            if any(kill.cgroup is None and b.group is None for kill in b.kills):
-                return None
-            if b.group is not None and not b.group_inferred:
-                groups[b.group] = groups.get(b.group, 0) + 1
+        if b is not None and (b.group is not None or b.group_inferred or any(k.cgroup is None for k in b.kills)):
+            return False
         held = self._held
-        if held is not None and held.kind == "group" and held.group_cgroup and not held.group_inferred:
-            groups[held.group_cgroup] = groups.get(held.group_cgroup, 0) + 1
-        return groups
+        return held is None or (held.kind == "single" and all(cgroup for cgroup, _ in held.kill_lines))
 
     def release_finished(self) -> list[Incident]:
         """Shutting down: hand out the finished incidents, keep the one still being printed."""

@@ -159,14 +159,6 @@ class Reconciler:
         acct = self.accounts.get(path)
         return max(0, acct.kernel.oom_kill - acct.seen.oom_kill) if acct is not None else 0
 
-    def unaccounted_group_kills(self, path: str) -> Optional[int]:
-        """`oom_group_kill` the kernel counted in `path` that no incident accounts for yet; None where it is not
-        known (a cgroup not seen, a kernel before 5.17 without the counter)."""
-        acct = self.accounts.get(path)
-        if acct is None or self.stats.missing_group_counter:
-            return None
-        return max(0, acct.kernel.oom_group_kill - acct.seen.oom_group_kill)
-
     def pending(self) -> bool:
         """Whether some cgroup shows kills not yet accounted (the caller then calls reconcile soon)."""
         return bool(self._unsettled)

@@ -155,6 +155,3 @@ class CountedKillsView:
 
     def unaccounted_kills(self, cgroup: str) -> int:
         return self._reconciler.unaccounted_kills(cgroup)
-
-    def unaccounted_group_kills(self, cgroup: str) -> Optional[int]:
-        return self._reconciler.unaccounted_group_kills(cgroup)

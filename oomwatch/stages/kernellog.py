@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional, Protocol
 
-from oomwatch.correlator import Correlator, is_within
+from oomwatch.correlator import Correlator
 from oomwatch.events import CgroupAdded, CgroupRemoved, KernelLog, KernelLogEnded, MemoryStatRead, Stop
 from oomwatch.memreadings import MemoryReadings
 from oomwatch.model import Garbled, Incident, KmsgRecord, Lost, Skipped
@@ -22,8 +22,6 @@ class CountedKills(Protocol):
     """What memory.events counted and no published incident describes yet (the counts stage's view)."""
 
     def unaccounted_kills(self, cgroup: str) -> int: ...
-
-    def unaccounted_group_kills(self, cgroup: str) -> Optional[int]: ...
 
 
 class KernelLogStage:
@@ -184,25 +182,22 @@ class KernelLogStage:
         return settings.quiet
 
     def _counted_complete(self) -> bool:
-        """Issue 30: what is being printed is complete once its lines are exactly what memory.events counted for
-        their cgroups (the kernel counts each kill before printing its line, and a group kill once its listing is
-        printed), with nothing more to come: every line's cgroup known, every group kill's oom_group_kill
-        counted, and no kill in a cgroup where memory.oom.group applies without its `Tasks in` line. Otherwise
-        (a cgroup not watched, a kernel without the counter, a pasted log) the quiet window decides."""
+        """Issue 30: single kills are complete once their lines are exactly what memory.events counted for their
+        cgroups (the kernel counts each kill in oom_kill before printing its line): every line's cgroup known, and
+        none where memory.oom.group applies (a `Tasks in` line and a listing may still come). A group kill's
+        listing is not counted in advance (the kernel counts oom_group_kill before it prints it: the real-kernel
+        tier's pool scenario had a listing split so), and what no counter describes (a cgroup not watched, a
+        pasted log) waits for the quiet window."""
         if not self._context.settings.counting or self._counted is None:
             return False
+        if not self.correlator.unpublished_single_kills_placed():
+            return False
         lines = self.correlator.unpublished_lines()
-        groups = self.correlator.unpublished_groups()
-        if not lines or groups is None:
-            return False
         unaccounted = self._counted.unaccounted_kills
-        if any(unaccounted(cgroup) != n for cgroup, n in lines.items()):
-            return False
-        counted = self._counted.unaccounted_group_kills
-        if any(counted(cgroup) != n for cgroup, n in groups.items()):
+        if not lines or any(unaccounted(cgroup) != n for cgroup, n in lines.items()):
             return False
         node = self._context.node
-        return not any(node.is_grouped(c) and not any(is_within(c, g) for g in groups) for c in lines)
+        return not any(node.is_grouped(c) for c in lines)
 
     def _lines_owed(self) -> bool:
         if self._counted is None:
