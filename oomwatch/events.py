@@ -72,8 +72,8 @@ class PodsListed(NamedTuple):
 
 
 class MemoryStatRead(NamedTuple):
-    """A cgroup's memory.stat, read when its memory.events.local said it was at its limit (`max` moved) or the OOM
-    killer was invoked in it (`oom` moved), and not `oom_kill` with them (then the kill is done):
+    """A cgroup's memory.stat, read when its memory.events.local said it was at its limit (`max` moved, and not
+    `oom` or `oom_kill` with it: then the kill is as good as done):
     what the kernel's report would print in its stats block, for the kills whose block the ratelimit hid.
     `taken`: epoch seconds (time.time(), KernelLog.drained_at's clock) taken just AFTER the read ended (the file
     was read no later than that); the pipeline orders it against kills only through the kernel log's reads

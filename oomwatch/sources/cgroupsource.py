@@ -141,11 +141,7 @@ class CgroupSource:
             # At its limit: who is in it now is who a kill will take (the victim may be gone a moment later).
             self._snapshot_at[path] = now
             pids = self._subtree_pids(path)
-        # At its limit (`max`), or the OOM killer invoked (`oom`) while no process was killed yet (`oom_kill`): the
-        # kernel counts `oom` before it prints the report and `oom_kill` only once it chose and killed, so a read
-        # between them is of the memory the kill is about (a hog that fills its limit at once moves `max` and `oom`
-        # in one wake: reading at `max` alone read almost nothing in a storm, issue 33).
-        if ((moved["max"] or moved["oom"]) and not moved["oom_kill"]
+        if (moved["max"] and not (moved["oom"] or moved["oom_kill"])
                 and now - self._stat_at.get(path, -STAT_READ_INTERVAL) >= STAT_READ_INTERVAL and self._stat_budget(now)):
             self._stat_at[path] = now
             self._memory_stat(path)
