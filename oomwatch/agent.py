@@ -19,7 +19,8 @@ from typing import Callable, Optional
 
 from oomwatch.config import Config
 from oomwatch.events import OomdMarksRead, PodsListed, StateSaved, Stop, Tick
-from oomwatch.node import NodePosture, cgroup_root_problem, host_boot_time, node_layout, scraped_workloads
+from oomwatch.node import (NodePosture, cgroup_root_problem, host_boot_time, node_layout, node_resolver,
+                           scraped_workloads)
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
 from oomwatch.process import malloc_trimmed, nice_this_thread
 from oomwatch.sinks import EventsFileSink, LogSink, PodEventSink, Sink, StateFileSink
@@ -37,7 +38,7 @@ from oomwatch.sources.statcache import StatCache
 from oomwatch.statefile import StateFile, StateLocked
 from oomwatch.store import Store
 from oomwatch.workloads import WorkloadResolver
-from oomwatch.workloads.runtime import RuntimeNames, host_is_tmpfs
+from oomwatch.workloads.runtime import RuntimeNames
 
 log = logging.getLogger("oomwatch.agent")
 
@@ -62,21 +63,18 @@ class Agent:
         self.kernel_log = KernelLogSource(config.kmsg, self.events.put, factory=kmsg_factory, early_pump=early_pump,
                                           queued=self.events.qsize)
         self.layout = node_layout(config.kubelet_config)  # Kubernetes identities only below the kubelet's root
-        names = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir,
-                                              is_tmpfs=host_is_tmpfs(config.proc)),
-                                 self.pod_index, layout=self.layout)  # the bundles' names, read by the source
+        names = node_resolver(config, self.layout, self.pod_index)  # the bundles' names, read by the source
         self.cgroups = CgroupSource(self.fs, names, self.events.put, stat_cache=self.stat_cache,
                                     on_kill=self.kernel_log.wake)
         self.state = StateFileSink(StateFile(config.state_dir)) if config.state_dir else None
         self.sinks: list[Sink] = [LogSink(log)] + _sinks(config, self.pod_index)
         self.store = Store(grace_seconds=config.grace_period)
-        self.view: Optional[View] = None
+        self.latest = _Latest(clock)  # the view scrapes and /healthz read
         self.http: Optional[HttpSink] = None
         self.connector: Optional[ProcConnector] = None
         self.fatal: Optional[str] = None  # why the agent must stop (a source failed for good)
         self._wake = threading.Event()  # a signal, or a source that failed for good
         self._loop_thread = threading.Thread(target=self._loop, name="pipeline", daemon=True)
-        self._view_at, self._stale = 0.0, False
         self.blind: Optional[str] = None  # why it cannot see the cgroups
         self.starting: Optional[str] = "reading the cgroup tree"  # /healthz says so until the first full scan
 
@@ -89,11 +87,10 @@ class Agent:
             self.store.boot_id == boot_id and self.store.cursor_source == kind) else None)
         # Listen before the tree is read (100,000 cgroups took 67 s): /healthz answers "starting" (503: not ready,
         # and no liveness failure: /livez) and /metrics and /incidents serve the restored state meanwhile.
-        self.view = View(self.store.snapshot(), (), self.posture.single_process_oom_kill(),
-                         self.state.error if self.state else None)
-        latest = _Latest(lambda: self.view)
-        self.collector = _collector(self, latest)
-        self.http = _http(self.config, self._metrics, latest, self.health)
+        self.latest.view = View(self.store.snapshot(), (), self.posture.single_process_oom_kill(),
+                                self.state.error if self.state else None)
+        self.collector = _collector(self, self.latest)
+        self.http = _http(self.config, self._metrics, self.latest, self.health)
         self.http.start()
         if self.pod_index is not None:  # the first pod list comes while the tree is read; the pipeline hears it
             self.pod_index.on_pods = lambda uids: self.events.put(PodsListed(uids))
@@ -102,7 +99,7 @@ class Agent:
         self.pipeline = _pipeline(self, boot_id, skip, extra)
         while not self.events.empty():  # the tree as found, before the first scrape: /metrics is whole from then
             self._apply(self.pipeline.step(self.events.get_nowait(), self.clock()))
-        self.view = self.pipeline.view()  # scrapes see this until it is replaced
+        self.latest.view = self.pipeline.view()  # scrapes see this until it is replaced
         self.starting = None
         for sink in self.sinks:
             sink.start(self.store.snapshot().incidents)
@@ -147,11 +144,7 @@ class Agent:
             self.kernel_log.wake()
         if fx.fatal:
             self._fail(fx.fatal)
-        # A new view (replaced whole) once something changed: at once when the queue is empty, else every
-        # VIEW_INTERVAL while busy (a change seen while busy is kept until then: `_stale`).
-        self._stale = self._stale or fx.changed
-        if self._stale and (fx.done or self.events.empty() or self.clock() - self._view_at >= VIEW_INTERVAL):
-            self.view, self._view_at, self._stale = self.pipeline.view(), self.clock(), False
+        self.latest.offer(fx.changed, fx.done or self.events.empty(), self.pipeline.view)
 
     def _metrics(self, accept: str):
         content_type, chunks = self.collector.metrics(accept)
@@ -261,10 +254,10 @@ def health_of(agent: Agent) -> tuple[bool, dict]:
         detail["scrape"] = f"the last scrape failed: {server.last_scrape_error}"
     if agent.fatal:
         detail["fatal"] = agent.fatal
-    if agent.view is not None and agent.view.workloads_over_cap:  # blind to those: not healthy
-        detail["workloads"] = f"{agent.view.workloads_over_cap} live workloads over the cap are not exported"
-    if agent.view is not None and agent.view.state_error:  # reported, not fatal: counting goes on in memory
-        detail["state"] = agent.view.state_error
+    if agent.latest.view is not None and agent.latest.view.workloads_over_cap:  # blind to those: not healthy
+        detail["workloads"] = f"{agent.latest.view.workloads_over_cap} live workloads over the cap are not exported"
+    if agent.latest.view is not None and agent.latest.view.state_error:  # reported, not fatal: counting goes on in memory
+        detail["state"] = agent.latest.view.state_error
     if agent.config.proc_connector:  # optional: reported, never fatal
         connector = agent.connector
         detail["proc_connector"] = (connector.error if connector is not None else "not running") or "ok"
@@ -305,10 +298,10 @@ def _blind(config: Config, posture: NodePosture) -> Optional[str]:
 def _collector(agent: Agent, latest: "_Latest") -> OomwatchCollector:
     """/metrics: the pipeline's latest snapshot, and each workload's cgroup files read at the scrape."""
     return OomwatchCollector(latest, lambda: scraped_workloads(
-        agent.view.workloads, agent.stat_cache, agent.fs, agent.cgroups.watcher.unwatched_limits),
-        lambda: agent.posture.info_with(agent.view.single_process_oom_kill),
+        agent.latest.view.workloads, agent.stat_cache, agent.fs, agent.cgroups.watcher.unwatched_limits),
+        lambda: agent.posture.info_with(agent.latest.view.single_process_oom_kill),
         cgroup_parse_errors=lambda: agent.fs.parse_errors, drop=agent.config.drop_series,
-        agent_status=lambda: status_of(agent), workloads=lambda: agent.view.workloads)
+        agent_status=lambda: status_of(agent), workloads=lambda: agent.latest.view.workloads)
 
 
 def status_of(agent: Agent) -> AgentStatus:
@@ -321,7 +314,7 @@ def status_of(agent: Agent) -> AgentStatus:
         checks=checks, failed_scrapes=server.failed_scrapes if server is not None else 0,
         unwatched=agent.cgroups.watcher.unwatched_counts(),
         events_file_errors=sum(s.file.errors for s in agent.sinks if isinstance(s, EventsFileSink)),
-        workloads_over_cap=agent.view.workloads_over_cap if agent.view is not None else 0)
+        workloads_over_cap=agent.latest.view.workloads_over_cap if agent.latest.view is not None else 0)
 
 
 def _connector(proc: Proc, emit, own_cgroup: Optional[str], clock) -> Optional[ProcConnector]:
@@ -374,10 +367,19 @@ def _http(config: Config, metrics, latest: "_Latest", health) -> HttpSink:
 
 
 class _Latest:
-    """The store the HTTP sink asks for /incidents: the pipeline's latest snapshot."""
+    """The pipeline's latest view, which scrapes, /incidents and /healthz read: replaced whole once something
+    changed, at once when the loop is idle, else every VIEW_INTERVAL while busy (a change seen while busy is kept
+    until then)."""
 
-    def __init__(self, view: Callable[[], Optional[View]]) -> None:
-        self._view = view
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.view: Optional[View] = None
+        self._clock = clock
+        self._at, self._stale = 0.0, False
 
-    def snapshot(self):
-        return self._view().store
+    def offer(self, changed: bool, idle: bool, make: Callable[[], View]) -> None:
+        self._stale = self._stale or changed
+        if self._stale and (idle or self._clock() - self._at >= VIEW_INTERVAL):
+            self.view, self._at, self._stale = make(), self._clock(), False
+
+    def snapshot(self):  # the store the HTTP sink asks for /incidents
+        return self.view.store

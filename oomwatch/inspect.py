@@ -26,6 +26,7 @@ from oomwatch.node import (
     host_boot_time,
     is_workload_cgroup,
     node_layout,
+    node_resolver,
     with_effective_oom_group,
 )
 from oomwatch.replay import LogReplay, saved_log_settings
@@ -45,7 +46,6 @@ from oomwatch.timefmt import utc_seconds
 from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.paths import CgroupLayout
 from oomwatch.workloads.kubelet import read_kubelet_config
-from oomwatch.workloads.runtime import RuntimeNames, host_is_tmpfs
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 
@@ -333,8 +333,7 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
     notes: list[str] = []
     # On a live node, identities as the agent gives them: Kubernetes ones only below the kubelet's cgroupRoot.
     layout = node_layout(config.kubelet_config) if node_view else CgroupLayout()
-    resolver = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir,
-                                             is_tmpfs=host_is_tmpfs(config.proc)), layout=layout)
+    resolver = node_resolver(config, layout)
     posture = NodePosture(config, proc)
     single = posture.single_process_oom_kill() if node_view else "unknown"
     report: dict[str, Any] = {"node": None, "workloads": [], "incidents": [], "kmsg": None, "notes": notes}

@@ -22,7 +22,6 @@ import os
 import socket
 import stat
 import threading
-import time
 import urllib.parse
 from typing import Any, Callable, Optional
 
@@ -332,16 +331,13 @@ def container_runs(config: Config) -> dict[tuple[str, str, str], dict[str, Any]]
     container id and start (its cgroup's creation: a restart makes a new cgroup) and its restart count (pod
     log files)."""
     from oomwatch.inspect import restart_count
-    from oomwatch.node import node_layout
+    from oomwatch.node import node_layout, node_resolver
     from oomwatch.sources.cgroupfs import CgroupFS
-    from oomwatch.workloads import WorkloadResolver
-    from oomwatch.workloads.runtime import RuntimeNames
 
     fs = CgroupFS(config.cgroup_root)
     if not os.path.isdir(config.cgroup_root):
         return {}
-    resolver = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir),
-                                layout=node_layout(config.kubelet_config))
+    resolver = node_resolver(config, node_layout(config.kubelet_config))
     paths = list(fs.walk())
     for path in paths:  # containers first: their bundles name their pods too
         resolver.container_appeared(path)

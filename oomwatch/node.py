@@ -16,8 +16,10 @@ from oomwatch.nodestate import is_workload
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
 from oomwatch.sources.cgroupfs import cat as cat_text
 from oomwatch.store import Labels
+from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.kubelet import read_kubelet_config, single_process_oom_kill
 from oomwatch.workloads.paths import CgroupLayout
+from oomwatch.workloads.runtime import RuntimeNames, host_is_tmpfs
 
 
 def cgroup_version_label(version: str) -> str:
@@ -103,6 +105,13 @@ class NodePosture:
         """The node's info series with the policy as last read (the agent's pipeline holds it)."""
         return NodeInfo(kernel=self.kernel, cgroup_version=cgroup_version_label(self.cgroup_version),
                         single_process_oom_kill=single_process_oom_kill)
+
+
+def node_resolver(config: Config, layout: CgroupLayout, pod_index=None) -> WorkloadResolver:
+    """Who this node's cgroups are, named from its runtime's bundles and pod logs (the agent's cgroup source,
+    inspect, inspect --job)."""
+    return WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir,
+                                         is_tmpfs=host_is_tmpfs(config.proc)), pod_index, layout=layout)
 
 
 def host_boot_time() -> float:

@@ -20,6 +20,7 @@ def agent(**overrides):
         http=SimpleNamespace(server=SimpleNamespace(last_scrape_failed=False, last_scrape_error=None)),
         connector=None)
     parts.update(overrides)
+    parts["latest"] = SimpleNamespace(view=parts.pop("view"))  # (the agent's latest view holder)
     return SimpleNamespace(**parts)
 
 

@@ -53,7 +53,7 @@ def healthz(replay: Replay) -> tuple[bool, dict]:
         kernel_log=SimpleNamespace(health=lambda: (True, "ok")),
         cgroups=SimpleNamespace(watcher=SimpleNamespace(alive=True, error=None, blind=None,
                                                         unwatched_counts=lambda: {})),
-        sinks=[], blind=None, fatal=None, config=Config(), view=view,
+        sinks=[], blind=None, fatal=None, config=Config(), latest=SimpleNamespace(view=view),
         http=SimpleNamespace(server=SimpleNamespace(last_scrape_failed=False, last_scrape_error=None)),
         connector=None))
 
