@@ -144,7 +144,8 @@ def read_incidents(config: Config, resolver: WorkloadResolver, single: str, node
             "lines": text_stats.lines, "kernel_records": text_stats.records, "formats": dict(text_stats.formats),
             "other_program_lines": text_stats.other, "comment_lines": text_stats.comments, "unreadable_lines": text_stats.garbled,
             "first_unreadable": text_stats.first_garbled, "cut_lines": text_stats.truncated,
-            "guessed_years": sorted(text_stats.guessed_years),
+            "guessed_years": sorted(text_stats.guessed_years), "unknown_dates": text_stats.unknown_dates,
+            "first_unknown_date": text_stats.first_unknown_date,
         }
         if text_stats.decoded:  # what was undone before reading: "gzip", "UTF-16LE", "NUL"
             health["text"]["decoded"] = list(text_stats.decoded)
@@ -490,6 +491,11 @@ def build_report(config: Config, *, target: Optional[str] = None, container: Opt
     if years:
         notes.append(f"this log's dates carry no year: {'/'.join(map(str, years))} was assumed (the latest year in "
                      "which each date is not in the future).")
+    text = (report["kmsg"] or {}).get("text") or {}
+    if text.get("unknown_dates"):  # kept, never dropped: a kill there is shown without its time
+        n = text["unknown_dates"]
+        notes.append(f"{n} line{'' if n == 1 else 's'} of this log carried a date oomwatch cannot read (the first: "
+                     f"{text['first_unknown_date']!r}): kept, with no time.")
     if report["kmsg"] and report["kmsg"].get("lost"):
         notes.append(f"{report['kmsg']['lost']} kernel log records were lost (overwritten) before they could be read.")
     since_shown = since_label or (utc_seconds(since) if since is not None else None)

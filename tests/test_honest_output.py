@@ -102,3 +102,13 @@ def test_a_closed_standard_stream_is_a_clear_error(redirect: list[str], said: st
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, **closing)
     assert result.returncode == 2
     assert said in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_date_that_cannot_be_read_keeps_its_kill_and_is_said(tmp_path: Path) -> None:
+    """Issue 33 item 3: a date the front end cannot read leaves the record in, with an unknown time, and a note."""
+    report = report_of(tmp_path, f"[Mon Feb 30 10:00:00 2023] {KILL}\n")
+    (incident,) = report["incidents"]
+    assert incident["victim"]["pid"] == 4242 and incident["time"] is None
+    assert report["kmsg"]["text"]["unknown_dates"] == 1
+    assert any(note.startswith("1 line of this log carried a date oomwatch cannot read (the first: '[Mon Feb 30")
+               and note.endswith("kept, with no time.") for note in report["notes"])
