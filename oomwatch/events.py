@@ -49,8 +49,10 @@ class CgroupAdded(NamedTuple):
 
 class CgroupChanged(NamedTuple):
     """A cgroup's files changed: memory.events.local moved (`local`, with the inode), or its limits were written,
-    or it got its first process. `pids`: cgroup.procs of it and its descendants, read when an OOM was near
-    (path → pids), else None. `oom_group`/`limited` as read now (None/False when not read)."""
+    or it got its first process or lost its last (cgroup.events: `local` then read before the pids). `pids`:
+    cgroup.procs of it and its descendants, read when an OOM was near or cgroup.events moved (path → pids), else
+    None; `pids_read_at`: the wall clock once they were read (KernelLog.drained_at's clock). `oom_group`/`limited`
+    as read now (None/False when not read)."""
 
     path: str
     ino: Optional[int]
@@ -58,6 +60,7 @@ class CgroupChanged(NamedTuple):
     oom_group: Optional[int]
     limited: bool
     pids: Optional[dict] = None
+    pids_read_at: Optional[float] = None
 
 
 class CgroupRemoved(NamedTuple):

@@ -136,11 +136,14 @@ class CgroupSource:
         moved = dict(zip(_COUNTERS, (a > b for a, b in zip(counts, before))))
         oom_near = moved["max"] or moved["oom"] or moved["oom_kill"]
         now = self._clock()
-        pids = None
-        if oom_near and now - self._snapshot_at.get(path, -PID_SNAPSHOT_INTERVAL) >= PID_SNAPSHOT_INTERVAL:
-            # At its limit: who is in it now is who a kill will take (the victim may be gone a moment later).
+        pids = pids_read_at = None
+        if moved["oom_group_kill"] or (
+                oom_near and now - self._snapshot_at.get(path, -PID_SNAPSHOT_INTERVAL) >= PID_SNAPSHOT_INTERVAL):
+            # At its limit: who is in it now is who a kill will take (the victim may be gone a moment later). After
+            # a group kill was counted (before the kernel lists it), who is in it is who its listing will name.
             self._snapshot_at[path] = now
             pids = self._subtree_pids(path)
+            pids_read_at = self._wall_clock()
         if (moved["max"] and not (moved["oom"] or moved["oom_kill"])
                 and now - self._stat_at.get(path, -STAT_READ_INTERVAL) >= STAT_READ_INTERVAL and self._stat_budget(now)):
             self._stat_at[path] = now
@@ -148,7 +151,7 @@ class CgroupSource:
         if pids is None and not (moved["oom"] or moved["oom_kill"] or moved["oom_group_kill"]):
             return  # only OOM moves matter to the pipeline
         oom_group, limited = self._limits_of(path)
-        self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids))
+        self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids, pids_read_at))
         if moved["oom_kill"]:
             self.on_kill()
 
@@ -180,9 +183,14 @@ class CgroupSource:
         self._emit(CgroupChanged(path, None, None, oom_group, limited, None))
 
     def _populated(self, path: str) -> None:
-        """A cgroup got its first process (a container's init, its resources now set): pids and oom.group."""
+        """A cgroup got its first process (a container's init, its resources now set), or lost its last: pids and
+        oom.group, and memory.events.local read before the pids (its counters date the pids: a group kill the
+        reading counted was done before the cgroup was seen empty, oomwatch/stages/kernellog.py)."""
+        ino, local = self.fs.read_local_events(path)
         oom_group, limited = self._limits_of(path)
-        self._emit(CgroupChanged(path, None, None, oom_group, limited, self._subtree_pids(path)))
+        pids = self._subtree_pids(path)
+        self._emit(CgroupChanged(path, ino if local is not None else None, local, oom_group, limited, pids,
+                                 self._wall_clock()))
 
 
 def oomd_marks(directory: str) -> tuple[Optional[int], Optional[int]]:
