@@ -406,15 +406,35 @@ class Correlator:
                     lines[cgroup] = lines.get(cgroup, 0) + n
         return lines
 
-    def unpublished_single_kills_placed(self) -> bool:
-        """Whether what is not handed out yet is single kills only, each line's cgroup known: then memory.events'
-        oom_kill says when their lines are all in. Not for a group kill: the kernel counts oom_group_kill before it
-        prints the listing, so no counter says how long the listing will be."""
+    def unpublished_groups(self, grouped: Callable[[str], Optional[str]]) -> Optional[dict[str, tuple[int, set]]]:
+        """The group cgroups of the kills not handed out yet, each with how many group kills it holds and the pids
+        their lines name (killed or already exiting) ({}: single kills only); `grouped(cgroup)` is the cgroup
+        memory.oom.group would kill whole (None: none), for a victim whose `Tasks in` line has not come. None when
+        a line's cgroup, or a group kill's group, is not known: then no counter can say the incident is
+        complete."""
+        groups: dict[str, tuple[int, set]] = {}
         b = self._open
-        if b is not None and (b.group is not None or b.group_inferred or any(k.cgroup is None for k in b.kills)):
-            return False
+        if b is not None and b.kills:
+            if any(k.cgroup is None for k in b.kills):
+                return None
+            group = b.group if b.group is not None else grouped(b.kills[0].cgroup or "")
+            if group is None and b.group_inferred:
+                return None
+            if group is not None:
+                groups[group] = (1, b.pid_set | {note["pid"] for note in b.exiting})
         held = self._held
-        return held is None or (held.kind == "single" and all(cgroup for cgroup, _ in held.kill_lines))
+        if held is not None:
+            if not all(cgroup for cgroup, _ in held.kill_lines):
+                return None
+            if held.kind == "group":
+                if not held.group_cgroup:
+                    return None
+                kills, pids = groups.get(held.group_cgroup, (0, set()))
+                groups[held.group_cgroup] = (kills + 1, pids | {p.pid for p in held.killed}
+                                             | {note["pid"] for note in held.exiting})
+            elif any(grouped(cgroup) for cgroup, _ in held.kill_lines):
+                return None  # taken for a single kill before memory.oom.group was read: the quiet window says
+        return groups
 
     def release_finished(self) -> list[Incident]:
         """Shutting down: hand out the finished incidents, keep the one still being printed."""

@@ -159,6 +159,11 @@ class Reconciler:
         acct = self.accounts.get(path)
         return max(0, acct.kernel.oom_kill - acct.seen.oom_kill) if acct is not None else 0
 
+    def accounted_group_kills(self, path: str) -> Optional[int]:
+        """`oom_group_kill` of `path` that incidents account for (None: no reading of the cgroup yet)."""
+        acct = self.accounts.get(path)
+        return acct.seen.oom_group_kill if acct is not None else None
+
     def pending(self) -> bool:
         """Whether some cgroup shows kills not yet accounted (the caller then calls reconcile soon)."""
         return bool(self._unsettled)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
 
 from oomwatch.correlator import is_within
 from oomwatch.model import Incident
@@ -30,16 +30,31 @@ class WitnessQueue:
         """A process died by SIGKILL; `cgroup` is where it was last seen alive."""
         self._sigkilled.append((pid, cgroup, when))
 
-    def add(self, incidents: list[Incident], now: float) -> None:
+    def add(self, incidents: list[Incident], now: float, wait: Optional[float] = None) -> None:
+        """`wait`: for group kills, instead of `self.wait` (shorter when their exits are known to be all but in)."""
+        wait = self.wait if wait is None else wait
         for incident in incidents:
-            self._awaiting.append((now + (self.wait if incident.kind == "group" and incident.killed else 0.0),
-                                   incident))
+            self._awaiting.append((now + (wait if incident.kind == "group" and incident.killed else 0.0), incident))
+
+    def group_emptied(self, group: str, now: float, wait_of: Callable[[Incident], float]) -> None:
+        """`group` has no process left: its group kills waiting here wait no longer than `wait_of(incident)` from
+        now (their exits are all but in)."""
+        self._awaiting = deque((min(due, now + wait_of(incident)) if incident.group_cgroup == group else due, incident)
+                               for due, incident in self._awaiting)
+
+    def unaccounted(self, pids: Iterable[int], named: set, since: float) -> bool:
+        """Whether one of `pids` is neither `named` (by kill lines) nor seen dying by SIGKILL from 2 s before
+        `since` on: then it may still be listed, or its exit may still be on its way."""
+        named = named | {pid for pid, _, when in self._sigkilled if when >= since - 2.0}
+        return any(pid not in named for pid in pids)
 
     def due(self, now: float, everything: bool = False) -> list[Incident]:
-        """The incidents whose wait is over at `now`, in order (the first holds the rest back)."""
+        """The incidents whose wait is over at `now`, in order (the first holds the rest back), detected now: their
+        latency is the kill's to its publication, the wait for witnesses included."""
         out = []
         while self._awaiting and (everything or self._awaiting[0][0] <= now):
-            out.append(self._with_witnesses(self._awaiting.popleft()[1]))
+            incident = self._with_witnesses(self._awaiting.popleft()[1])
+            out.append(incident if incident.detected_at >= now else replace(incident, detected_at=now))
         return out
 
     def next_due(self) -> Optional[float]:

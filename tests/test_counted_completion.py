@@ -71,3 +71,125 @@ def test_without_counters_the_quiet_window_decides() -> None:
     assert replay.published == []
     replay.advance_to(100.3)
     assert [i.victim.pid for i in replay.published] == [118]
+
+
+def group_replay(**settings) -> tuple[Replay, int]:
+    """The slow listing's group kill read whole by 100.6 s, its counters read as the kernel counted it all."""
+    victim = at(GROUP_LOG, "Killed process 162 (dd)")
+    boot = 100.0 - GROUP_LOG[victim].usec / 1e6
+    replay = Replay(live_settings(boot_time=boot, **settings), now=100.0)
+    replay.step(CgroupAdded(GROUP, 7, {"oom_kill": 0, "oom_group_kill": 0}, 1, True, PIDS))
+    replay.step(CgroupChanged(GROUP, 7, {"max": 1, "oom": 1, "oom_kill": 6, "oom_group_kill": 1}, 1, True),
+                now=100.5)
+    replay.step(KernelLog(GROUP_LOG, drained_at=100.6), now=100.6)
+    return replay, victim
+
+
+def emptied(group_kills: int, oom_kill: int = 6) -> CgroupChanged:
+    """The group seen with no process left, by a reading of memory.events.local taken just before its pids."""
+    local = {"max": 1, "oom": 1, "oom_kill": oom_kill, "oom_group_kill": group_kills}
+    return CgroupChanged(GROUP, 7, local, 1, True, {GROUP: ()})
+
+
+def test_a_group_kill_is_complete_once_its_group_is_empty_and_the_log_read_after() -> None:
+    """Nothing is left to kill in an empty group, and each member's line is printed before it can exit: once the
+    log has been read to its end after the group was seen empty, the listing is whole. No quiet window."""
+    replay, _ = group_replay()
+    replay.answer_wakes = False  # the reader's answer to the wake comes as its own event, below
+    replay.advance_to(100.65)
+    assert replay.published == []  # the counters match, but a listing may still be printing
+    fx = replay.step(emptied(group_kills=1), now=100.7)
+    assert fx.wake_kernel_log  # a read that ends after this is what it waits for
+    assert replay.published == []  # the last read ended (100.6) before the group was seen empty
+    replay.step(KernelLog([], drained_at=100.72), now=100.72)
+    (incident,) = replay.published
+    assert incident.kind == "group" and sorted(p.pid for p in incident.killed) == [153, 158, 159, 160, 162]
+    replay.advance_to(103.0)
+    assert len(replay.published) == 1  # and nothing counted from memory.events beside it
+
+
+def test_a_group_seen_empty_before_its_kill_does_not_complete_it() -> None:
+    """A reading of the group's pids taken before the kill (the cgroup empty between two jobs, or after the last
+    round's kill, its event late to the loop) says nothing of this listing: its oom_group_kill had not counted this
+    kill yet. The quiet window decides."""
+    replay, _ = group_replay()
+    replay.step(emptied(group_kills=0, oom_kill=0), now=100.7)
+    replay.step(KernelLog([], drained_at=100.72), now=100.72)
+    replay.advance_to(101.5)
+    assert replay.published == []
+    replay.advance_to(101.7)  # 1 s of quiet log after the last record (100.6)
+    assert [i.kind for i in replay.published] == ["group"]
+
+
+def test_a_removed_group_has_printed_its_listing() -> None:
+    from oomwatch.events import CgroupRemoved
+    replay, _ = group_replay()
+    replay.answer_wakes = False
+    replay.step(CgroupRemoved(GROUP), now=100.7)
+    assert replay.published == []
+    replay.step(KernelLog([], drained_at=100.71), now=100.71)
+    assert [i.kind for i in replay.published] == ["group"]
+
+
+def test_a_group_kill_whose_every_process_has_its_line_does_not_wait_for_exits() -> None:
+    """With the proc connector, a group kill waits for the exits of members that died unlogged. Complete by the
+    counters, with every process its group held (5 pids, read at start) listed in its lines, none can be missing:
+    it goes out at once, not witness_wait later."""
+    replay, _ = group_replay(witness_wait=0.5)
+    replay.step(emptied(group_kills=1), now=100.7)  # (the reader's answer to the wake: read to its end at 100.7)
+    assert [i.kind for i in replay.published] == ["group"]
+
+
+def test_a_group_kill_released_by_the_next_report_waits_for_its_exits_only_until_its_group_is_empty() -> None:
+    """The next report's kill line finishes a group kill before its group is empty: it waits for the proc
+    connector's exits (witness_wait), but no longer than its group being seen empty by a reading that counted it."""
+    victim = at(GROUP_LOG, "Killed process 162 (dd)")
+    boot = 100.0 - GROUP_LOG[victim].usec / 1e6
+    replay = Replay(live_settings(boot_time=boot, witness_wait=0.5), now=100.0)
+    replay.step(CgroupAdded(GROUP, 7, {"oom_kill": 0, "oom_group_kill": 0}, 1, True, PIDS))
+    replay.step(CgroupAdded("/a", 3, {"oom_kill": 0, "oom_group_kill": 0}, 0, True, (118,)))
+    single = next(r for r in SCENARIOS if "Killed process 118" in r.text)
+    nxt = single._replace(seq=GROUP_LOG[-1].seq + 1, usec=GROUP_LOG[-1].usec + 1)
+    replay.step(KernelLog(GROUP_LOG + [nxt], drained_at=100.6), now=100.6)  # the group kill, then another kill
+    replay.advance_to(100.65)
+    assert replay.published == []  # finished by the next kill line, waiting for its exits
+    replay.step(emptied(group_kills=1), now=100.7)
+    assert [i.kind for i in replay.published][:1] == ["group"]  # every process it held has its line: no wait
+
+
+def test_a_group_kill_is_complete_once_its_lines_name_every_process_its_group_held_after_the_kill() -> None:
+    """The kernel counts oom_group_kill before it lists the group: the group's pids read after that reading are
+    the processes the listing will name. Once the lines name them all (and match oom_kill), the listing is whole,
+    before any of them has exited; mid-listing it is not."""
+    member = at(GROUP_LOG, "Killed process 153 (sh)")
+    victim = at(GROUP_LOG, "Killed process 162 (dd)")
+    boot = 100.0 - GROUP_LOG[victim].usec / 1e6
+    replay = Replay(live_settings(boot_time=boot, witness_wait=0.5), now=100.0)
+    replay.step(CgroupAdded(GROUP, 7, {"oom_kill": 0, "oom_group_kill": 0}, 1, True, PIDS))
+    counted = {"max": 1, "oom": 1, "oom_kill": 2, "oom_group_kill": 1}
+    replay.step(CgroupChanged(GROUP, 7, counted, 1, True, {GROUP: PIDS}), now=100.0)  # read after the group kill
+    replay.step(KernelLog(GROUP_LOG[:member + 1], drained_at=100.01), now=100.01)
+    replay.advance_to(100.5)
+    assert replay.published == []  # 2 of its 5 processes named: the listing goes on
+    replay.step(CgroupChanged(GROUP, 7, {**counted, "oom_kill": 6}, 1, True), now=100.55)
+    replay.step(KernelLog(GROUP_LOG[member + 1:], drained_at=100.6), now=100.6)
+    (incident,) = replay.published  # at once: no quiet window, no wait for exits (all 5 have their line)
+    assert sorted(p.pid for p in incident.killed) == sorted(PIDS)
+
+
+def test_pids_read_before_the_group_kill_was_counted_do_not_say_who_it_lists() -> None:
+    """The same pids, read with an oom_group_kill that had not counted the kill: a process could have been
+    forked between that read and the kill. The quiet window decides."""
+    victim = at(GROUP_LOG, "Killed process 162 (dd)")
+    boot = 100.0 - GROUP_LOG[victim].usec / 1e6
+    replay = Replay(live_settings(boot_time=boot), now=100.0)
+    replay.step(CgroupAdded(GROUP, 7, {"oom_kill": 0, "oom_group_kill": 0}, 1, True, PIDS))
+    replay.step(CgroupChanged(GROUP, 7, {"max": 1, "oom": 1, "oom_kill": 6, "oom_group_kill": 0}, 1, True,
+                              {GROUP: PIDS}), now=100.0)
+    replay.step(CgroupChanged(GROUP, 7, {"max": 1, "oom": 1, "oom_kill": 6, "oom_group_kill": 1}, 1, True),
+                now=100.5)
+    replay.step(KernelLog(GROUP_LOG, drained_at=100.6), now=100.6)
+    replay.advance_to(101.5)
+    assert replay.published == []
+    replay.advance_to(101.7)
+    assert [i.kind for i in replay.published] == ["group"]

@@ -210,3 +210,55 @@ def test_a_process_never_seen_in_a_cgroup_gets_it_from_its_parent(tmp_path: Path
     replay.settle()
     (incident,) = replay.published
     assert incident.died_with == ({"pid": 8001, "cgroup": "/b", "signal": 9},)
+
+
+def emptied_group(tmp_path: Path) -> tuple[Replay, RecordedTree, Path, ProcessSource, list]:
+    """/b (memory.oom.group=1) holds 7000, 7001 and 7002; the kernel kills 7001 and lists 7000."""
+    tree = tmp_path / "cgroup"
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    (tree / "b" / "cgroup.procs").write_text("7000\n7001\n7002\n")
+    recorded = RecordedTree(tree)
+    processes: list = []
+    connector = ProcessSource(Proc(str(GOLDEN / "proc")), processes.append)
+    replay = Replay(live_settings(boot_time=BOOT, witness_wait=0.5), now=BOOT)
+    replay.run(recorded.start())  # /b's first reading: oom_kill 4, oom_group_kill 1 (kills before ours)
+    replay.step(KernelLog(records(killed(10, 1_000, 7001, "python3"), tasks_in(11, 1_001, "/b"),
+                                  killed(12, 1_002, 7000, "sh")), drained_at=BOOT + 0.01), BOOT + 0.01)
+    (tree / "b" / "memory.events.local").write_text("low 0\nhigh 0\nmax 40\noom 2\noom_kill 6\noom_group_kill 2\n")
+    (tree / "b" / "cgroup.procs").write_text("")
+    return replay, recorded, tree, connector, processes
+
+
+def test_a_group_kill_goes_out_once_the_source_sees_its_group_empty(tmp_path: Path) -> None:
+    """Issue 30: the cgroup source reads memory.events.local before the pids when cgroup.events moves, so a
+    reading that finds the group empty and counted its group kill came after the kill: the listing is whole once
+    the log is read after it. With every process the group held accounted for (a kill line, or its exit by
+    SIGKILL), it goes out at once, not after a second of quiet log and 0.5 s of witnesses."""
+    replay, recorded, _, connector, processes = emptied_group(tmp_path)
+    connector.exited(ProcessExit(pid=7002, signal=9, time=BOOT + 0.02))
+    replay.run(processes, now=BOOT + 0.02)
+    emptied = recorded.populated("/b")
+    recorded.close()
+    assert [(e.local["oom_group_kill"], e.pids) for e in emptied] == [(2, {"/b": ()})]
+    replay.run(emptied, now=BOOT + 0.03)  # (its wake answered: the log read to its end at BOOT + 0.03)
+    (group,) = replay.published
+    assert [p.pid for p in group.killed] == [7001, 7000]
+    assert group.died_with == ({"pid": 7002, "cgroup": "/b", "signal": 9},)
+    replay.settle()
+    assert len(replay.published) == 1  # nothing counted from memory.events beside it
+
+
+def test_a_group_kill_complete_by_the_counters_waits_briefly_for_an_exit_not_yet_in(tmp_path: Path) -> None:
+    """7002 died unlogged, its exit not yet through the proc connector when the group is seen empty: the group
+    kill waits EXITS_AFTER_EMPTY for it, and names it."""
+    from oomwatch.stages.kernellog import EXITS_AFTER_EMPTY
+    replay, recorded, _, connector, processes = emptied_group(tmp_path)
+    emptied = recorded.populated("/b")
+    recorded.close()
+    replay.run(emptied, now=BOOT + 0.03)
+    assert replay.published == []
+    connector.exited(ProcessExit(pid=7002, signal=9, time=BOOT + 0.04))
+    replay.run(processes, now=BOOT + 0.04)
+    replay.advance_to(BOOT + 0.03 + EXITS_AFTER_EMPTY)
+    (group,) = replay.published
+    assert group.died_with == ({"pid": 7002, "cgroup": "/b", "signal": 9},)

@@ -155,3 +155,6 @@ class CountedKillsView:
 
     def unaccounted_kills(self, cgroup: str) -> int:
         return self._reconciler.unaccounted_kills(cgroup)
+
+    def accounted_group_kills(self, cgroup: str) -> Optional[int]:
+        return self._reconciler.accounted_group_kills(cgroup)

@@ -6,10 +6,12 @@ where the cursor is. Others see it only through `KernelLogView`."""
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Any, Callable, Optional, Protocol
 
 from oomwatch.correlator import Correlator
-from oomwatch.events import CgroupAdded, CgroupRemoved, KernelLog, KernelLogEnded, MemoryStatRead, Stop
+from oomwatch.events import (CgroupAdded, CgroupChanged, CgroupRemoved, KernelLog, KernelLogEnded, MemoryStatRead,
+                             Stop)
 from oomwatch.memreadings import MemoryReadings
 from oomwatch.model import Garbled, Incident, KmsgRecord, Lost, Skipped
 from oomwatch.stages import Context, Due, Effects, SigKilled
@@ -17,15 +19,23 @@ from oomwatch.witness import WitnessQueue
 
 VIEWS = ("KernelLogView",)
 
+# A group kill complete by the counters still waits this long for the proc connector's exits of its unlogged
+# members: each process reports its exit just after it leaves its cgroup (the kernel's do_exit), so the last of
+# them can reach the loop just after the cgroup source saw the group empty.
+EXITS_AFTER_EMPTY = 0.05
+EMPTIED_KEPT = 4096  # cgroups seen empty, or their pids, remembered (a removed cgroup's lines can come after it)
+
 
 class CountedKills(Protocol):
     """What memory.events counted and no published incident describes yet (the counts stage's view)."""
 
     def unaccounted_kills(self, cgroup: str) -> int: ...
 
+    def accounted_group_kills(self, cgroup: str) -> Optional[int]: ...
+
 
 class KernelLogStage:
-    TAKES = (KernelLog, KernelLogEnded, MemoryStatRead, CgroupAdded, CgroupRemoved, SigKilled, Stop)
+    TAKES = (KernelLog, KernelLogEnded, MemoryStatRead, CgroupAdded, CgroupChanged, CgroupRemoved, SigKilled, Stop)
 
     def __init__(self, context: Context, explain: Callable[[Incident], str], now: float) -> None:
         self._context = context
@@ -49,6 +59,12 @@ class KernelLogStage:
         self._reads = 0
         self._drained_at = 0.0  # the log was last read to its end with everything published at this time
         self._live = False  # the backlog already in the ring at start is not timed
+        # Cgroups seen with no process left: path → (its oom_group_kill as read just before its pids, or None when
+        # it was removed; when: once its pids were read, else the loop's time). A group kill whose group is empty
+        # has printed its whole listing.
+        self._emptied: OrderedDict[str, tuple[Optional[int], float]] = OrderedDict()
+        # Each cgroup's pids as last read while it held some: (its oom_group_kill read just before, the pids, when)
+        self._pids_seen: OrderedDict[str, tuple[int, frozenset[int], float]] = OrderedDict()
 
     def counted_by(self, counted: CountedKills) -> None:
         """The counts stage's read-only view (given after both exist: each waits on the other)."""
@@ -72,8 +88,13 @@ class KernelLogStage:
                 self.readings.add(event.path, event.taken, event.stat)
         elif isinstance(event, CgroupAdded):
             self.readings.added(event.path)
+            if event.pids and event.local is not None and "oom_group_kill" in event.local:
+                _remember(self._pids_seen, event.path, (event.local["oom_group_kill"], frozenset(event.pids), now))
+        elif isinstance(event, CgroupChanged):
+            self._changed(event, now, fx)
         elif isinstance(event, CgroupRemoved):
             self.readings.removed(event.path)  # (kept a while: the kill's lines can come after the removal)
+            self._emptied_at(event.path, None, now, fx)
         elif isinstance(event, SigKilled):
             self.witness.exited(event.pid, event.cgroup, event.time)
         elif isinstance(event, Stop):
@@ -150,9 +171,12 @@ class KernelLogStage:
         """Complete quiet (or fully counted) incidents, hand on what is due, say how far the log is drained."""
         self._now = now
         correlator, out = self.correlator, []
-        if correlator.pending and self._caught_up and (now >= self._last_record + self._quiet()
-                                                        or self._counted_complete()):
-            self.witness.add(correlator.flush(), now)  # quiet long enough, or every line counted: complete
+        if correlator.pending and self._caught_up:
+            if self._counted_complete():  # every line counted, every listing whole: complete
+                for incident in correlator.flush():
+                    self.witness.add([incident], now, self._exits_wait(incident))
+            elif now >= self._last_record + self._quiet():  # quiet long enough: complete
+                self.witness.add(correlator.flush(), now)
         if self.witness.next_due() is not None:
             out.append(Due(self.witness.due(now), self._live))
         if self._caught_up and not correlator.pending and not len(self.witness):
@@ -182,22 +206,75 @@ class KernelLogStage:
         return settings.quiet
 
     def _counted_complete(self) -> bool:
-        """Issue 30: single kills are complete once their lines are exactly what memory.events counted for their
-        cgroups (the kernel counts each kill in oom_kill before printing its line): every line's cgroup known, and
-        none where memory.oom.group applies (a `Tasks in` line and a listing may still come). A group kill's
-        listing is not counted in advance (the kernel counts oom_group_kill before it prints it: the real-kernel
-        tier's pool scenario had a listing split so), and what no counter describes (a cgroup not watched, a
-        pasted log) waits for the quiet window."""
+        """Issue 30: what is being printed is complete once its lines are exactly what memory.events counted for
+        their cgroups (the kernel counts each kill in oom_kill before it prints its line), every line's cgroup
+        known, and, for a group kill, once a reading of its group says the listing is whole (`_group_done`). A
+        group kill's lines cannot say so alone: the kernel counts oom_group_kill and each member's oom_kill as it
+        goes, so counters read mid-listing equal the lines read so far (the real-kernel tier's pool scenario had a
+        listing split so). What no counter describes (a cgroup not watched, a pasted log) waits for the quiet
+        window."""
         if not self._context.settings.counting or self._counted is None:
             return False
-        if not self.correlator.unpublished_single_kills_placed():
-            return False
-        lines = self.correlator.unpublished_lines()
-        unaccounted = self._counted.unaccounted_kills
-        if not lines or any(unaccounted(cgroup) != n for cgroup, n in lines.items()):
-            return False
         node = self._context.node
-        return not any(node.is_grouped(c) for c in lines)
+        groups = self.correlator.unpublished_groups(lambda cgroup: node.oom_group_cgroup(cgroup, None))
+        lines = self.correlator.unpublished_lines()
+        if groups is None or not lines:
+            return False
+        unaccounted = self._counted.unaccounted_kills
+        if any(unaccounted(cgroup) != n for cgroup, n in lines.items()):
+            return False
+        return all(self._group_done(group, kills, named) for group, (kills, named) in groups.items())
+
+    def _group_done(self, group: str, kills: int, named: set) -> bool:
+        """The group's listing is all printed and read, by a reading of the group's pids taken after the kernel
+        counted these `kills` in its oom_group_kill (read just before the pids; the kernel counts a group kill
+        before it lists the group), when either
+        - every process the group held then is named by the lines (killed or exiting) or died by SIGKILL: the
+          kernel lists the processes the group holds, so none is left to list;
+        - or it held none (or the cgroup is removed), and the log was read to its end after that reading: nothing
+          is left to kill, and each member's line is printed before it can exit."""
+        accounted = self._counted.accounted_group_kills(group) if self._counted is not None else None
+
+        def after_the_kills(group_kills: Optional[int]) -> bool:
+            return group_kills is None or (accounted is not None and group_kills - accounted >= kills)
+
+        seen = self._pids_seen.get(group)
+        if seen is not None and after_the_kills(seen[0]) and not self.witness.unaccounted(seen[1], named, seen[2]):
+            return True
+        emptied = self._emptied.get(group)
+        return emptied is not None and after_the_kills(emptied[0]) and self._read_started >= emptied[1]
+
+    def _exits_wait(self, incident: Incident) -> float:
+        """How long a group kill complete by the counters waits for the proc connector's exits: not at all when
+        every process its group held when last read has its kill line or its exit already."""
+        seen = self._pids_seen.get(incident.group_cgroup or "")
+        named = {p.pid for p in incident.killed} | {note["pid"] for note in incident.exiting}
+        if seen is not None and not self.witness.unaccounted(seen[1], named, incident.time):
+            return 0.0
+        return min(self.witness.wait, EXITS_AFTER_EMPTY)
+
+    def _changed(self, event: CgroupChanged, now: float, fx: Effects) -> None:
+        if event.pids is None:
+            return
+        # Its pids from when they were read (the loop can take the event well after), on the reader's clock
+        at = now if event.pids_read_at is None else min(now, event.pids_read_at)
+        group_kills = None if event.local is None else event.local.get("oom_group_kill")
+        if any(event.pids.values()):
+            self._emptied.pop(event.path, None)
+            if group_kills is not None:  # (5.17+: an older kernel's group kills wait for the quiet log)
+                pids = frozenset(pid for pids in event.pids.values() for pid in pids)
+                _remember(self._pids_seen, event.path, (group_kills, pids, at))
+        elif group_kills is not None:
+            self._emptied_at(event.path, group_kills, at, fx)
+
+    def _emptied_at(self, path: str, group_kills: Optional[int], at: float, fx: Effects) -> None:
+        _remember(self._emptied, path, (group_kills, at))
+        accounted = self._counted.accounted_group_kills(path) if self._counted is not None else None
+        after_a_kill = group_kills is None or (accounted is not None and group_kills > accounted)
+        if after_a_kill and len(self.witness):  # group kills complete before their group was empty: its exits
+            self.witness.group_emptied(path, self._now, self._exits_wait)  # are all but in
+        if self.correlator.pending and self._read_started < at:
+            fx.wake_kernel_log = True  # a read that ends after this settles a group kill waiting for it
 
     def _lines_owed(self) -> bool:
         if self._counted is None:
@@ -213,6 +290,14 @@ class KernelLogStage:
         if cursor is None and self._context.store.cursor_seq is not None:
             cursor = self._context.store.cursor_seq
         return cursor
+
+
+def _remember(kept: OrderedDict, path: str, value: Any) -> None:
+    """Keep `value` for the cgroup, the last EMPTIED_KEPT cgroups only."""
+    kept[path] = value
+    kept.move_to_end(path)
+    while len(kept) > EMPTIED_KEPT:
+        kept.popitem(last=False)
 
 
 class KernelLogView:
