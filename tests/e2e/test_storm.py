@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 MAX_P99 = float(os.environ.get("OOMWATCH_E2E_MAX_LATENCY", "5"))
 # The agent's publish after the floor's first sight of the same kill (tests/e2e/guest/oomfloor.c, in the same
 # guest): the figure of record (issue 30), free of the kernel's own gap and of the machine's load on both.
-MAX_AFTER_FLOOR_P99 = float(os.environ.get("OOMWATCH_E2E_MAX_AFTER_FLOOR", str(MAX_P99)))
+MAX_AFTER_FLOOR_P99 = float(os.environ.get("OOMWATCH_E2E_MAX_AFTER_FLOOR", "0.3"))  # issue 30
 FLOOR_C = Path(__file__).parent / "guest" / "oomfloor.c"
 
 
@@ -156,8 +156,10 @@ def test_latency_after_the_floor(storm) -> None:
     assert after and unseen == 0, f"{unseen} incidents whose record the floor did not read"
     p50 = statistics.median(after)
     p99 = after[min(len(after) - 1, int(round(0.99 * (len(after) - 1))))]
+    where = storm["storm"].get("agent_cpu_weight")
     figure = (f"storm: the agent's latency after the floor over {len(after)} kills: p50 {p50:.3f}s, p99 {p99:.3f}s, "
-              f"max {after[-1]:.3f}s (floor: {len(seen)} OOM records read)")
+              f"max {after[-1]:.3f}s (floor: {len(seen)} OOM records read; the agent "
+              + (f"in {where}, cpu.weight 39 as its chart's pod)" if where else "without its pod's cpu.weight)"))
     print(figure)
     (storm["dir"] / "latency-after-floor.txt").write_text(figure + "\n")
     assert p99 <= MAX_AFTER_FLOOR_P99

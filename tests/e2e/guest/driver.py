@@ -85,11 +85,13 @@ def protect_self() -> None:
     wfile("/proc/self/oom_score_adj", "-1000")
 
 
-def _preexec_protect() -> None:  # runs in the child before exec: the agent must survive a global OOM
+def _preexec_protect(cgroup: str | None = None) -> None:  # runs in the child before exec
     try:
-        wfile("/proc/self/oom_score_adj", "-1000")
+        wfile("/proc/self/oom_score_adj", "-1000")  # the agent must survive a global OOM
     except OSError:
         pass
+    if cgroup is not None:  # where its deployment puts it (Agent.cgroup)
+        wfile(f"{CG}{cgroup}/cgroup.procs", os.getpid())
 
 
 # ------------------------------------------------------------------------------------------------ kmsg
@@ -229,6 +231,7 @@ class Agent:
         self.starts: list[dict] = []
         self.stops: list[dict] = []
         self.healthy = False
+        self.cgroup: str | None = None  # the cgroup it is started in (None: the driver's)
 
     def start(self, timeout: float) -> dict:
         rec: dict = {"mono": time.monotonic(), "ok": False}
@@ -262,7 +265,7 @@ class Agent:
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=logf,
-                preexec_fn=_preexec_protect,
+                preexec_fn=lambda: _preexec_protect(self.cgroup),
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         except OSError as e:

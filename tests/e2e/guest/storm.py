@@ -24,6 +24,24 @@ LIMIT = 24 << 20
 HOG = ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"]
 
 
+def agent_tree(pid: int) -> list[int]:
+    """The agent and the processes it started (its kernel-log reader), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        out.append(todo.pop(0))
+        todo.extend(children.get(out[-1], ()))
+    return out
+
+
 def spawn_in(cgroup: str, argv: list[str]) -> subprocess.Popen:
     def enter() -> None:
         with open(f"{CG}{cgroup}/cgroup.procs", "w") as f:
@@ -63,9 +81,32 @@ class Storm(Scenario):
             wfile(f"{CG}{cgroup}/memory.swap.max", 0)
             wfile(f"{CG}{cgroup}/memory.oom.group", 1)
             self.cgroups.append(cgroup)
-        self.gt["storm"] = {"containers": self.cgroups, "rounds": self.rounds_n}
+        self.gt["storm"] = {"containers": self.cgroups, "rounds": self.rounds_n,
+                            "agent_cpu_weight": self.agent_as_deployed()}
         with open("/proc/sys/kernel/printk") as f:
             self.gt["storm"]["printk"] = f.read().strip()
+
+    def agent_as_deployed(self) -> str | None:
+        """The agent where its chart puts it: a Guaranteed pod of one CPU, whose cgroup the kubelet gives
+        cpu.weight 39 (cpu shares 1024), beside burstable pods with no CPU request, which the kubelet gives its
+        minimum (shares 2: cpu.weight 1). Without the cpu controller every hog in reclaim weighs as much as the
+        agent on the guest's one vCPU, which no node the agent is deployed on does. Its restart starts it there
+        too. Returns the agent's cgroup (None: the cpu controller could not be enabled; the agent stays put)."""
+        pod = f"/kubepods/pod{uid_for('storm-agent')}"
+        cgroup = f"{pod}/{hexid('storm-agent')}"
+        try:
+            wfile(f"{CG}/cgroup.subtree_control", "+cpu")
+            wfile(f"{CG}/kubepods/cgroup.subtree_control", "+cpu")
+            os.makedirs(f"{CG}{cgroup}", exist_ok=True)
+            wfile(f"{CG}{pod}/cpu.weight", 39)
+            wfile(f"{CG}/kubepods/burstable/cpu.weight", 1)
+            for pid in agent_tree(self.ctx.agent.proc.pid) if self.ctx.agent.proc else ():
+                wfile(f"{CG}{cgroup}/cgroup.procs", pid)
+        except OSError as e:
+            log(f"  storm: the agent stays in the driver's cgroup: {e}")
+            return None
+        self.ctx.agent.cgroup = cgroup
+        return cgroup
 
     def forge(self) -> None:
         """Only the kernel may report a kill: what any process that can write /dev/kmsg writes is facility user
