@@ -60,7 +60,7 @@ class Pipeline:
         context = Context(settings, store, resolver, self.node)
         self._posture = PostureStage(single_process_oom_kill)
         self._log = KernelLogStage(context, self._posture.explain, now)
-        self._identity = IdentityStage(context)
+        self._identity = IdentityStage(context, self._posture.explain)
         self.deaths = DeathsStage(context, self._log.view(), self._identity.view(), now)
         self._counts = CountsStage(context, self._log.view(), self._posture.explain, now=now, accounts=accounts,
                                    state_error=state_error)
