@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from oomwatch.events import CgroupAdded, CgroupChanged, KernelLog, NamesRead
+from oomwatch.events import CgroupAdded, CgroupChanged, KernelLog, NamesRead, Stop
 from oomwatch.stages.identity import NAMES_WAIT_SECONDS
 from tests.conftest import FIXTURES, raw_records
 from tests.replay import RecordedTree, Replay, live_reads, live_settings
@@ -104,4 +104,14 @@ def test_a_bundle_that_is_gone_answers_at_once(tmp_path: Path) -> None:
     node.replay.step(answer, node.replay.now + 0.01)
     [incident] = node.replay.published
     assert incident.workload.pod is None
+    node.recorded.close()
+
+
+def test_a_stop_publishes_an_incident_waiting_for_its_names(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.killed()
+    assert node.replay.published == []
+    node.replay.step(Stop(), node.replay.now + 0.01)  # nothing would answer any more
+    [incident] = node.replay.published
+    assert incident.workload.pod is None and node.replay.done
     node.recorded.close()

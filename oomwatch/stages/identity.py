@@ -162,8 +162,7 @@ class IdentityStage:
         settings, ready = self._context.settings, []
         for incident in due.incidents:
             workloads = (incident.workload, *incident.workloads)
-            unnamed = frozenset(w.cgroup for w in workloads if w.type == "k8s-container" and w.container_id and (
-                w.pod is None or w.namespace is None or w.container is None)) if settings.read_names else frozenset()
+            unnamed = _unnamed(workloads) if settings.read_names else frozenset()
             list_wanted = settings.pods_watched and not self._pods.listed and any(w.pod_uid for w in workloads)
             if not (unnamed or list_wanted or self._held):
                 ready.append(incident)  # (most incidents: named already, and nothing before them waits)
@@ -301,6 +300,12 @@ class IdentityStage:
         if not self._held:
             return expiry
         return self._held[0].until if expiry is None else min(expiry, self._held[0].until)
+
+
+def _unnamed(workloads: tuple[Workload, ...]) -> frozenset:
+    """The container cgroups among these workloads that no bundle has named yet (to be read again)."""
+    return frozenset(w.cgroup for w in workloads if w.type == "k8s-container" and w.container_id and not w.sandbox
+                     and None in (w.pod, w.namespace, w.container))
 
 
 class IdentityView:
