@@ -12,6 +12,7 @@ import pytest
 
 from oomwatch.events import KernelLog, PodsListed
 from oomwatch.model import PodInfo
+from oomwatch.parse.kmsg import parse_kmsg_record
 from oomwatch.stages.identity import NAMES_WAIT_SECONDS
 from tests.conftest import FIXTURES, raw_records
 from tests.replay import Replay, live_reads, live_settings
@@ -41,7 +42,8 @@ def replayed(path: Path, pods: Optional[PodsListed], before: bool) -> list[dict]
 
 def pods_of(incidents: list[dict]) -> PodsListed:
     """A list of the pods the capture's kills were in, as the API server would name them."""
-    uids = sorted({w["pod_uid"] for i in incidents for w in [i["workload"], *i.get("workloads", ())] if w.get("pod_uid")})
+    workloads = [w for i in incidents for w in [i["workload"], *i.get("workloads", ())]]
+    uids = sorted({w["pod_uid"] for w in workloads if w.get("pod_uid")})
     return PodsListed(tuple(PodInfo(uid, f"ns-{n}", f"pod-{n}", owner={"kind": "Job", "name": f"job-{n}"},
                                     job={"kind": "JobSet", "name": f"train-{n}"}) for n, uid in enumerate(uids)))
 
@@ -66,3 +68,28 @@ def test_pod_events_before_or_after_the_kills_give_the_same_incidents(path: Path
             if info is not None:
                 assert (workload["namespace"], workload["pod"]) == (info.namespace, info.name)
                 assert workload["owner"] == info.owner and workload["job"] == info.job
+
+
+def single_kill(seq: int, pid: int, cgroup: str) -> list:
+    """A memcg kill's two records (its oom-kill summary and its kill line), as the live reader yields them."""
+    return [parse_kmsg_record(r) for r in (
+        f"6,{seq},{seq * 1000},-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        f"oom_memcg={cgroup},task_memcg={cgroup},task=python,pid={pid},uid=0\n".encode(),
+        f"3,{seq + 1},{seq * 1000 + 1},-;Memory cgroup out of memory: Killed process {pid} (python) "
+        "total-vm:9kB, anon-rss:9kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:4kB oom_score_adj:0\n".encode())]
+
+
+def test_a_pod_list_that_never_comes_is_waited_for_once() -> None:
+    """The API server refuses the pod source (it retries in the background, emitting nothing): the first kill
+    in a pod waits NAMES_WAIT_SECONDS for the list; the next ones are published without waiting for it."""
+    cgroup = "/kubepods/burstable/pod0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f/" + "4f" * 32
+    agent = Replay(live_settings(counting=False, persist=False, pods_watched=True), now=1.0)
+    agent.step(KernelLog(single_kill(10, 300, cgroup), drained_at=1.0), 1.0)
+    agent.advance_to(1.0 + NAMES_WAIT_SECONDS - 0.1)
+    assert agent.published == []
+    agent.advance_to(20.0)
+    agent.step(KernelLog(single_kill(20, 301, cgroup), drained_at=20.0), 20.0)
+    agent.advance_to(21.0)
+    first, second = agent.published
+    assert first.detected_at > 1.0 + NAMES_WAIT_SECONDS and second.detected_at < 20.5
+    assert first.workload.pod_uid == second.workload.pod_uid and first.workload.pod is None

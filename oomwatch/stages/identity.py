@@ -96,6 +96,9 @@ class IdentityStage:
         context.resolver.pods = self._pods.get  # what names a pod: this stage's table, nothing read live
         self._held: deque[_Held] = deque()  # incidents waiting for names, in the order they came due
         self._unanswered: set[str] = set()  # container cgroups whose bundles were asked for and not answered yet
+        # An incident waited its whole time for the first pod list, which did not come (the API server refuses,
+        # or is down): later ones do not wait for it until it comes.
+        self._list_overdue = False
         self._identities: dict[str, Workload] = {}
         self._rows = CowMap()  # what view() shows: cgroup → (cgroup, labels, identity) of each exported workload
         # Workload cgroups the full store could not take, in the order they came (exported when it can, first first)
@@ -163,7 +166,8 @@ class IdentityStage:
         for incident in due.incidents:
             workloads = (incident.workload, *incident.workloads)
             unnamed = _unnamed(workloads) if settings.read_names else frozenset()
-            list_wanted = settings.pods_watched and not self._pods.listed and any(w.pod_uid for w in workloads)
+            list_wanted = (settings.pods_watched and not self._pods.listed and not self._list_overdue
+                           and any(w.pod_uid for w in workloads))
             if not (unnamed or list_wanted or self._held):
                 ready.append(incident)  # (most incidents: named already, and nothing before them waits)
                 continue
@@ -183,6 +187,7 @@ class IdentityStage:
             if waiting and held.until > now and not everything:
                 break
             self._held.popleft()
+            self._list_overdue = self._list_overdue or (held.list_wanted and not self._pods.listed and not everything)
             incident = self._named(held.incident, now)
             if out and out[-1].timed == held.timed:
                 out[-1].incidents.append(incident)

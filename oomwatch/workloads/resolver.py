@@ -3,8 +3,9 @@
 The path says what kind of workload it is and carries the ids (container id, pod UID); RuntimeNames
 turns the ids into container / pod / namespace names without the API server; `pods`, when there is API
 access, adds the pod's controlling owner and training job: in the agent's pipeline, the identity stage's own
-table of the pods the pod source's events told it of (never a live read of the API server). Each source is optional and each only
-fills what is still unknown, so a saved log replayed on a laptop still gets its path-level identity.
+table of the pods the pod source's events told it of (never a live read of the API server). Each source is
+optional and each only fills what is still unknown, so a saved log replayed on a laptop still gets its
+path-level identity.
 
 Which paths are Kubernetes' is the node's `CgroupLayout` (the kubelet's cgroupRoot): names are looked up
 only for those, so a path spelt like a pod's elsewhere never gets a real pod's names (docs/contract.md,
