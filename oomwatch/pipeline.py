@@ -6,7 +6,7 @@ socket and reads no clock: `now` comes with each event, and what it knows of the
 woken) and hands scrapes the latest `view()`. docs/loop.md has the picture.
 
 The Pipeline decides nothing itself: a stage tells another what it found as a typed value (oomwatch.stages: `Due`,
-`Published`, `CountersMoved`, `SigKilled`, `DeathCounted`), which the Pipeline hands at once to the stages that
+`Named`, `Published`, `CountersMoved`, `SigKilled`, `DeathCounted`), which the Pipeline hands at once to the stages that
 take it, or through the read-only view a stage declares. Timing lives in the stages too, as deadlines rather than
 threads: `next_deadline()` is the earliest of theirs. Nothing is due while nothing happens: no idle wake-ups.
 """
