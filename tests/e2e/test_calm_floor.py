@@ -65,19 +65,23 @@ def test_the_agent_published_each_kill_once_from_the_log(calm) -> None:
 
 def test_the_calm_single_kill_after_the_floor(calm) -> None:
     """Issue 30: each calm single kill published at most 100 ms (OOMWATCH_E2E_MAX_CALM_AFTER_FLOOR) after the floor
-    read its record. Printed and kept in the run directory (calm-after-floor.txt) per kill, with the floor's first
-    sight of the counter (memory.events' oom_kill) beside it."""
+    first saw it: its read of the kill's record or the move of the cgroup's memory.events oom_kill, whichever came
+    first (under load the kernel's wake-up of log readers can come after the counter's: 226 ms once, in the main
+    boot of 2026-11-28 03:08). Printed and kept in the run directory (calm-after-floor.txt) per kill, with the agent's
+    publish after the floor's read of the record beside it (the storm's figure)."""
     read, moves, lines, after = calm["read"], calm["moves"], [], []
     for row in calm["rows"]:
         assert row["kernel_seq"] in read, f"the floor did not read record {row['kernel_seq']}"
         [e] = [e for e in calm["events"] if e.get("kernel_seq") == row["kernel_seq"]]
-        published, floor = wall(e["detected_at"]), read[row["kernel_seq"]]
-        counter = min((t for i, t, kill, _ in moves if i == row["index"] and kill >= 1), default=None)
+        published, record = wall(e["detected_at"]), read[row["kernel_seq"]]
+        counter = min((t for i, t, kill, _ in moves if i == row["index"] and kill >= 1), default=record)
+        floor = min(record, counter)
         after.append(published - floor)
-        lines.append(f"  kill {row['index']} seq {row['kernel_seq']}: floor read the record "
-                     f"{(floor - row['fired_wall']) * 1000:.0f} ms after the trigger, the counter "
-                     + (f"{(counter - floor) * 1000:+.0f} ms from it" if counter is not None else "never")
-                     + f"; agent published {(published - floor) * 1000:.0f} ms after the floor")
+        ms = {k: round(v * 1000) for k, v in (("read", record - row["fired_wall"]), ("counter", counter - record),
+                                                  ("after", published - floor), ("record", published - record))}
+        lines.append(f"  kill {row['index']} seq {row['kernel_seq']}: the floor read the record {ms['read']} ms "
+                     f"after the trigger, saw the counter move {ms['counter']:+d} ms from it; the agent published "
+                     f"{ms['after']} ms after the floor's first sight ({ms['record']} ms after its read of the record)")
     p50 = statistics.median(after)
     figure = (f"calm single kills: the agent's publish after the floor over {len(after)} kills: "
               f"p50 {p50 * 1000:.0f} ms, max {max(after) * 1000:.0f} ms (bound {MAX_AFTER_FLOOR * 1000:.0f} ms)")
