@@ -18,7 +18,7 @@ import time
 from typing import Callable, Optional
 
 from oomwatch.config import Config
-from oomwatch.events import OomdMarksRead, PodsListed, StateSaved, Stop, Tick
+from oomwatch.events import OomdMarksRead, StateSaved, Stop, Tick
 from oomwatch.node import (NodePosture, cgroup_root_problem, host_boot_time, node_layout, node_resolver,
                            scraped_workloads)
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
@@ -56,18 +56,18 @@ class Agent:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.fs, self.proc = CgroupFS(config.cgroup_root), Proc(config.proc)
         self.posture = NodePosture(config, self.proc)
-        self.pod_index = _pod_index(config)
+        self.pods = _pod_source(config, self.events.put)  # the API server's pods, as events (None: no API)
         self.stat_cache = StatCache(self.fs)
         self.kubelet_config = KubeletConfigWatch(config.kubelet_config, self.posture.single_process_oom_kill,
                                                  self.events.put)
         self.kernel_log = KernelLogSource(config.kmsg, self.events.put, factory=kmsg_factory, early_pump=early_pump,
                                           queued=self.events.qsize)
         self.layout = node_layout(config.kubelet_config)  # Kubernetes identities only below the kubelet's root
-        names = node_resolver(config, self.layout, self.pod_index)  # the bundles' names, read by the source
+        names = node_resolver(config, self.layout)  # the bundles' names, read by the source
         self.cgroups = CgroupSource(self.fs, names, self.events.put, stat_cache=self.stat_cache,
                                     on_kill=self.kernel_log.wake)
         self.state = StateFileSink(StateFile(config.state_dir)) if config.state_dir else None
-        self.sinks: list[Sink] = [LogSink(log)] + _sinks(config, self.pod_index)
+        self.sinks: list[Sink] = [LogSink(log)] + _sinks(config, self.pods)
         self.store = Store(grace_seconds=config.grace_period)
         self.latest = _Latest(clock)  # the view scrapes and /healthz read
         self.http: Optional[HttpSink] = None
@@ -92,9 +92,8 @@ class Agent:
         self.collector = _collector(self, self.latest)
         self.http = _http(self.config, self._metrics, self.latest, self.health)
         self.http.start()
-        if self.pod_index is not None:  # the first pod list comes while the tree is read; the pipeline hears it
-            self.pod_index.on_pods = lambda uids: self.events.put(PodsListed(uids))
-            self.pod_index.start()
+        if self.pods is not None:  # the first pod list comes while the tree is read
+            self.pods.start()
         self.cgroups.start()
         self.pipeline = _pipeline(self, boot_id, skip, extra)
         while not self.events.empty():  # the tree as found, before the first scrape: /metrics is whole from then
@@ -169,7 +168,7 @@ class Agent:
         for part in [*self.sinks, self.state, self.stat_cache]:
             if part is not None:
                 part.close()
-        for part in (self.pod_index, self.http):
+        for part in (self.pods, self.http):
             if part is not None:
                 part.stop()
 
@@ -228,6 +227,8 @@ def apply_deaths(agent: Agent, fx: Effects) -> None:
         agent.events.put(OomdMarksRead(path, *oomd_marks(agent.fs.abspath(path))))
     for ray in fx.read_ray_logs:  # through a live process of the container: at once, before it stops too
         agent.events.put(raylet_log_read(ray.key, agent.fs.abspath(ray.cgroup), agent.config.proc))
+    for path in fx.read_names:  # by the source that reads the bundles, at once: they go with their container
+        agent.cgroups.read_names(path)
 
 
 def health_of(agent: Agent) -> tuple[bool, dict]:
@@ -271,8 +272,8 @@ def _pipeline(agent: Agent, boot_id: str, skip: Optional[int], extra: dict) -> P
                         quiet=config.quiet_seconds, witness_wait=0.5 if config.proc_connector else 0.0,
                         persist=agent.state is not None, skip_upto=skip, saved_log=kernel_log.saved,
                         page_size=None if kernel_log.saved else os.sysconf("SC_PAGE_SIZE"),
-                        read_logs=bool(config.pod_log_dir))
-    resolver = WorkloadResolver(RuntimeNames(read_files=False), agent.pod_index, layout=agent.layout,
+                        read_logs=bool(config.pod_log_dir), read_names=True, pods_watched=agent.pods is not None)
+    resolver = WorkloadResolver(RuntimeNames(read_files=False), layout=agent.layout,
                                 trust_delegated=config.trust_delegated_cgroups)
     return Pipeline(settings, agent.store, resolver, now=agent.clock(), accounts=extra.get("accounts"),
                     single_process_oom_kill=agent.posture.single_process_oom_kill(),
@@ -328,19 +329,19 @@ def _connector(proc: Proc, emit, own_cgroup: Optional[str], clock) -> Optional[P
     return connector
 
 
-def _pod_index(config: Config):
+def _pod_source(config: Config, emit):
     if config.kube_api == "off":
         return None
-    from oomwatch.workloads.kubeapi import PodIndex
+    from oomwatch.sources.pods import PodSource
 
-    return PodIndex.from_environment(node_name=config.node_name)
+    return PodSource.from_environment(emit, node_name=config.node_name)
 
 
-def _sinks(config: Config, pod_index) -> list[Sink]:
+def _sinks(config: Config, pods) -> list[Sink]:
     sinks: list[Sink] = []
     if config.events_file:
         sinks.append(EventsFileSink(EventsFile(config.events_file, hold=bool(config.state_dir))))
-    if pod_index is not None and config.pod_events:
+    if pods is not None and config.pod_events:
         from oomwatch.sinks.k8s_events import PodEventRecorder
 
         recorder = PodEventRecorder.from_environment(node_name=config.node_name)

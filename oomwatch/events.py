@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
-from oomwatch.model import ContainerNames
+from oomwatch.model import ContainerNames, PodInfo
 
 
 class KernelLog(NamedTuple):
@@ -60,6 +60,9 @@ class CgroupChanged(NamedTuple):
     oom_group: Optional[int]
     limited: bool
     pids: Optional[dict] = None
+    # a container cgroup's names, read again when it got its first process because the read at its appearance
+    # found no bundle (the runtime may write it after the cgroup); None: not read, or still nothing
+    names: Optional[ContainerNames] = None
     pids_read_at: Optional[float] = None
 
 
@@ -68,10 +71,30 @@ class CgroupRemoved(NamedTuple):
 
 
 class PodsListed(NamedTuple):
-    """The API server's word on this node's pods arrived (the first list, a relist, a watch event): identities
-    resolved before it lack the owner and job it gives. `uids`: the pods it was about (None: every pod)."""
+    """A fresh list of this node's pods from the API server (the first, or a relist after the watch broke): pods
+    it does not hold are deleted now."""
 
-    uids: Optional[frozenset] = None
+    pods: tuple  # PodInfo, each
+
+
+class PodUpdated(NamedTuple):
+    """A pod of this node as the API server's watch says it now (added or modified)."""
+
+    info: PodInfo
+
+
+class PodDeleted(NamedTuple):
+    """A pod of this node deleted, as last seen (kept a while: an OOM is often explained after its pod is gone)."""
+
+    info: PodInfo
+
+
+class NamesRead(NamedTuple):
+    """A container's names read again from its runtime's bundle, for a kill that needed them
+    (Effects.read_names); None when nothing names it (the bundle gone, or never written)."""
+
+    path: str
+    names: Optional[ContainerNames]
 
 
 class MemoryStatRead(NamedTuple):

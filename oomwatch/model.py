@@ -10,7 +10,7 @@ docs/contract.md where they surface.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, Mapping, NamedTuple, Optional, Union
 
 from oomwatch.names import as_logged
 
@@ -220,6 +220,25 @@ class ContainerNames:
     @property
     def is_sandbox(self) -> bool:
         return self.container_type == "sandbox"
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the API server says about one pod of this node (docs/contract.md `owner`: {"kind", "name",
+    "apiVersion", "uid"}; `job`: {"kind", "name"}), as its watch last delivered it (oomwatch.sources.pods)."""
+
+    uid: str
+    namespace: str
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    owner: Optional[dict[str, str]] = None
+    job: Optional[dict[str, str]] = None
+    queue: Optional[str] = None  # Kueue LocalQueue
+    # status.reason / status.message ("Evicted", "The node was low on resource: memory. …": the kubelet's
+    # eviction) and whether metadata.deletionTimestamp is set, as last watched
+    status_reason: Optional[str] = None
+    status_message: Optional[str] = None
+    deleting: bool = False
 
 
 @dataclass(frozen=True)

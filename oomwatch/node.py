@@ -107,11 +107,11 @@ class NodePosture:
                         single_process_oom_kill=single_process_oom_kill)
 
 
-def node_resolver(config: Config, layout: CgroupLayout, pod_index=None) -> WorkloadResolver:
+def node_resolver(config: Config, layout: CgroupLayout) -> WorkloadResolver:
     """Who this node's cgroups are, named from its runtime's bundles and pod logs (the agent's cgroup source,
     inspect, inspect --job)."""
     return WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir,
-                                         is_tmpfs=host_is_tmpfs(config.proc)), pod_index, layout=layout)
+                                         is_tmpfs=host_is_tmpfs(config.proc)), layout=layout)
 
 
 def host_boot_time() -> float:

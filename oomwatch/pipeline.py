@@ -6,7 +6,7 @@ socket and reads no clock: `now` comes with each event, and what it knows of the
 woken) and hands scrapes the latest `view()`. docs/loop.md has the picture.
 
 The Pipeline decides nothing itself: a stage tells another what it found as a typed value (oomwatch.stages: `Due`,
-`Published`, `CountersMoved`, `SigKilled`, `DeathCounted`), which the Pipeline hands at once to the stages that
+`Named`, `Published`, `CountersMoved`, `SigKilled`, `DeathCounted`), which the Pipeline hands at once to the stages that
 take it, or through the read-only view a stage declares. Timing lives in the stages too, as deadlines rather than
 threads: `next_deadline()` is the earliest of theirs. Nothing is due while nothing happens: no idle wake-ups.
 """
@@ -60,7 +60,7 @@ class Pipeline:
         context = Context(settings, store, resolver, self.node)
         self._posture = PostureStage(single_process_oom_kill)
         self._log = KernelLogStage(context, self._posture.explain, now)
-        self._identity = IdentityStage(context)
+        self._identity = IdentityStage(context, self._posture.explain)
         self.deaths = DeathsStage(context, self._log.view(), self._identity.view(), now)
         self._counts = CountsStage(context, self._log.view(), self._posture.explain, now=now, accounts=accounts,
                                    state_error=state_error)

@@ -15,7 +15,6 @@ import fcntl
 import json
 import os
 import stat
-import tempfile
 import time
 from typing import Any, Iterator, Optional
 
@@ -224,6 +223,8 @@ class StateFile:
                 raise OSError(f"{self.path}: not written: {exc}") from None
         state = store.to_state()
         state.update(extra)
+        import tempfile  # at the first save, not at the start: it imports shutil, random, bz2 and lzma
+
         fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.dir)
         try:
             with os.fdopen(fd, "w") as f:
@@ -239,6 +240,15 @@ class StateFile:
             raise
         if self._dir_fd is not None:
             os.fsync(self._dir_fd)  # the rename itself survives a crash only once the directory is on disk
+
+
+def __getattr__(name: str) -> Any:
+    """`statefile.tempfile` (tests replace its mkstemp) is imported when first asked for, as save() does."""
+    if name == "tempfile":
+        import tempfile
+
+        return tempfile
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _Unreadable(Exception):

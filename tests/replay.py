@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from oomwatch.config import Config
-from oomwatch.events import CgroupAdded, KernelLog, KernelLogEnded, StateSaved, Tick
+from oomwatch.events import CgroupAdded, KernelLog, KernelLogEnded, PodsListed, PodUpdated, StateSaved, Tick
 from oomwatch.model import Incident, KmsgRecord
 from oomwatch.node import NodePosture, scraped_workloads
 from oomwatch.parse.kmsg import parse_kmsg_record
@@ -25,6 +25,7 @@ from oomwatch.sources.kmsg import LiveKmsg, read_saved_log
 from oomwatch.sources.statcache import StatCache
 from oomwatch.store import Store
 from oomwatch.workloads import WorkloadResolver
+from oomwatch.workloads.kubeapi import pod_info_from_object
 from oomwatch.workloads.runtime import RuntimeNames
 
 BOOT_ID = "replay-boot"
@@ -86,8 +87,23 @@ class RecordedTree:
         self.watcher.on_removed(path)
         return self._take()
 
+    def read_names(self, path: str) -> list[Any]:
+        """What the agent does for the pipeline's Effects.read_names: the source reads the bundle again."""
+        self.source.read_names(path)
+        return self._take()
+
     def close(self) -> None:
         self.watcher.close()
+
+
+def pods_listed(*pods: dict) -> PodsListed:
+    """What the pod source emits for a list of these pods (as the API server's JSON)."""
+    return PodsListed(tuple(pod_info_from_object(pod) for pod in pods))
+
+
+def pod_updated(pod: dict) -> PodUpdated:
+    """What the pod source emits for a watch's ADDED or MODIFIED of this pod (as the API server's JSON)."""
+    return PodUpdated(pod_info_from_object(pod))
 
 
 def saved_log_events(path: Path) -> list[Any]:
@@ -184,6 +200,7 @@ class Replay:
         self.logs: list[tuple[int, str]] = []
         self.saves: list[dict] = []
         self.wakes = 0
+        self.names_asked: list[str] = []  # container cgroups whose bundles the pipeline asked to be read again
         self.fatal: Optional[str] = None
         self.done = False
         self.sinks, self.state_sink = list(sinks), state_sink
@@ -198,6 +215,7 @@ class Replay:
         self.published += fx.publish
         self.logs += fx.logs
         self.wakes += fx.wake_kernel_log
+        self.names_asked += fx.read_names
         self.fatal = self.fatal or fx.fatal
         self.done = self.done or fx.done
         for incident in fx.publish:

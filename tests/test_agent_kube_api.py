@@ -1,6 +1,6 @@
-"""The pipeline with the pod index a (local, fake) Kubernetes API server fills, as the agent wires it: the
+"""The pipeline with the pod source a (local, fake) Kubernetes API server feeds, as the agent wires it: the
 incident carries the pod's owner and training job, and the pod-event sink posts an Event with the explanation.
-No real cluster, no agent threads (the index and the recorder keep theirs)."""
+No real cluster, no agent threads (the pod source and the recorder keep theirs)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from oomwatch.sinks.k8s_events import PodEventRecorder
 from oomwatch.events import KernelLog
 from oomwatch.parse.kmsg import parse_kmsg_record
 from oomwatch.sinks import PodEventSink
+from oomwatch.sources.pods import PodSource
 from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads.runtime import RuntimeNames
 from tests.conftest import wait_for
@@ -32,16 +33,18 @@ def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) ->
     (tree / CTR_CG.lstrip("/")).mkdir(parents=True)
     with node_api() as api:
         monkeypatch.setattr(kubeapi, "in_cluster_client", lambda *a, **k: api.client())
-        pod_index = kubeapi.PodIndex.from_environment(node_name=NODE)
-        assert pod_index is not None
-        pod_index.start()
+        heard: list = []
+        pods = PodSource.from_environment(heard.append, node_name=NODE)
+        assert pods is not None
+        pods.start()
         sink = PodEventSink(PodEventRecorder(api.client(), NODE))
         sink.start(())
         try:
-            assert pod_index.wait_synced(60)
-            # The resolver as the agent gives the pipeline one: names from the pod index, no file read.
+            assert pods.wait_synced(60)
+            # The resolver as the agent gives the pipeline one: no file read; pods named by the events heard.
             replay = Replay(live_settings(), now=1.0, sinks=[sink],
-                            resolver=WorkloadResolver(RuntimeNames(read_files=False), pod_index))
+                            resolver=WorkloadResolver(RuntimeNames(read_files=False)))
+            replay.run(heard[:1])  # the first list
             replay.run(tree_events(tree))
             replay.step(KernelLog([parse_kmsg_record(r) for r in [
                 b"6,10,1000,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
@@ -56,7 +59,7 @@ def test_incident_gets_owner_job_and_a_pod_event(tmp_path: Path, monkeypatch) ->
             assert wait_for(lambda: len(api.events) == 2, timeout=60)  # the pod's Event and its PyTorchJob's
         finally:
             sink.close()
-            pod_index.stop()
+            pods.stop()
     workload = incident.to_json()["workload"]
     assert workload["pod_uid"] == PYTORCH_UID and workload["container_id"] == CONTAINER_ID
     assert workload["job"]["kind"] == "PyTorchJob" and workload["owner"]

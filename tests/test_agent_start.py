@@ -11,13 +11,12 @@ import json
 import threading
 from pathlib import Path
 
-from oomwatch.events import CgroupAdded, PodsListed
+from oomwatch.events import CgroupAdded
 from oomwatch.store import Store
 from oomwatch.workloads import WorkloadResolver
-from oomwatch.workloads.kubeapi import PodIndex
 from oomwatch.workloads.runtime import ContainerNames, RuntimeNames
 from tests.conftest import base_url, http_get
-from tests.replay import Replay, live_settings
+from tests.replay import Replay, live_settings, pod_updated, pods_listed
 from tests.test_agent import agent_config
 from tests.test_job_info import container_id, pod_object, uid_of
 
@@ -57,10 +56,7 @@ def test_the_port_answers_starting_while_the_tree_is_read(tmp_path: Path, monkey
 
 
 def test_owners_come_when_the_pod_list_arrives_after_the_cgroups() -> None:
-    index = PodIndex("gpu-1", client=None)
-    heard: list = []
-    index.on_pods = heard.append
-    resolver = WorkloadResolver(RuntimeNames(read_files=False), index)
+    resolver = WorkloadResolver(RuntimeNames(read_files=False))
     replay = Replay(live_settings(counting=False), store=Store(), resolver=resolver, now=1000.0)
     uid = uid_of(1)
     pod_path = f"/kubepods/burstable/pod{uid}"
@@ -69,12 +65,9 @@ def test_owners_come_when_the_pod_list_arrives_after_the_cgroups() -> None:
     replay.run([CgroupAdded(pod_path, None, None, 0, False, ()),
                 CgroupAdded(f"{pod_path}/{container_id(1)}", None, None, 1, True, (), names=names)])
     assert all(w.owner is None for _, _, w in replay.pipeline.view().workloads)  # no list yet
-    index.replace_all([pod_object("ml", "trainer-0", uid, owner=("Job", "train"))])  # the first list returns
-    assert heard == [None]
-    replay.step(PodsListed(heard[0]), now=1001.0)
+    # the pod source's first list
+    replay.step(pods_listed(pod_object("ml", "trainer-0", uid, owner=("Job", "train"))), now=1001.0)
     owners = {path: (w.owner or {}).get("name") for path, _, w in replay.pipeline.view().workloads}
     assert owners == {pod_path: "train", f"{pod_path}/{container_id(1)}": "train"}
-    index.apply("MODIFIED", pod_object("ml", "trainer-0", uid, owner=("Job", "train-2")))
-    assert heard[-1] == frozenset({uid})
-    replay.step(PodsListed(heard[-1]), now=1002.0)
+    replay.step(pod_updated(pod_object("ml", "trainer-0", uid, owner=("Job", "train-2"))), now=1002.0)
     assert {(w.owner or {}).get("name") for _, _, w in replay.pipeline.view().workloads} == {"train-2"}

@@ -20,9 +20,8 @@ from oomwatch.model import CgroupStats, Workload
 from oomwatch.sinks.collector import JOB_INFO_LABELS, NodeInfo, OomwatchCollector, job_info_labels
 from oomwatch.store import MAX_WORKLOADS, Store
 from oomwatch.workloads import WorkloadResolver
-from oomwatch.workloads.kubeapi import PodIndex
 from oomwatch.workloads.runtime import ContainerNames, RuntimeNames
-from tests.replay import Replay, live_settings
+from tests.replay import Replay, live_settings, pods_listed
 from tests.test_collector import ReferenceCollector, promtool_complaint, reference_text
 
 INFO = "oomwatch_workload_job_info"
@@ -57,12 +56,10 @@ class Node:
     """The pipeline of an agent with API access on a node whose pods the test lists."""
 
     def __init__(self, pods: list[dict[str, Any]], *, max_workloads: int = MAX_WORKLOADS) -> None:
-        self.index = PodIndex("gpu-1", client=None)
-        for pod in pods:
-            self.index.apply("ADDED", pod)
-        resolver = WorkloadResolver(RuntimeNames(read_files=False), self.index)
+        resolver = WorkloadResolver(RuntimeNames(read_files=False))
         self.replay = Replay(live_settings(counting=False), store=Store(max_workloads=max_workloads),
                              resolver=resolver, now=1000.0)
+        self.replay.step(pods_listed(*pods))  # the pod source's first list
 
     def start_pod(self, pod: dict[str, Any], i: int, container: str = "main") -> None:
         """The pod's cgroup and one container's, as the cgroup source finds them (the container's names read

@@ -1,5 +1,6 @@
-"""PodIndex against a local HTTP API server (real lightkube, real sockets): the node field selector is
-sent, owners and training jobs come out of real-shaped pods, and failures degrade to None quietly."""
+"""The pod source against a local HTTP API server (real lightkube, real sockets): the node field selector is
+sent, owners and training jobs come out of real-shaped pods as events, kept in the identity stage's own table as
+the pipeline keeps them, and failures degrade to nothing quietly."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ import pytest
 from lightkube import Client, KubeConfig
 from lightkube.config.models import Cluster, User
 
+from oomwatch.events import PodDeleted, PodsListed, PodUpdated
+from oomwatch.sources.pods import PodSource
+from oomwatch.stages.identity import PodTable
 from oomwatch.workloads import kubeapi
-from oomwatch.workloads.kubeapi import PodIndex, controlling_owner, pod_info_from_object, training_job
+from oomwatch.workloads.kubeapi import controlling_owner, pod_info_from_object, training_job
 from tests.fakeapi import FakeApiServer
 
 API = Path(__file__).resolve().parent.parent / "fixtures" / "workloads" / "api"
@@ -34,6 +38,21 @@ def node_api(**kwargs: Any) -> FakeApiServer:
                          watch_lines=(API / "watch-gpu-node-7.jsonl").read_text().splitlines(), **kwargs)
 
 
+class Heard:
+    """What a pod source emitted, and the identity stage's table of it (written on the source's thread)."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.table = PodTable()
+
+    def __call__(self, event: Any) -> None:
+        self.events.append(event)
+        self.table.take(event, time.monotonic())
+
+    def info(self, pod_uid: Optional[str]):
+        return self.table.get(pod_uid) if pod_uid else None
+
+
 def _wait_for(predicate, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -43,13 +62,16 @@ def _wait_for(predicate, timeout: float = 5.0) -> bool:
     return False
 
 
-def test_pod_index_lists_and_watches_only_its_node():
+def test_pod_source_lists_and_watches_only_its_node():
     with node_api() as api:
-        index = PodIndex(NODE, api.client())
-        index.start()
+        index = Heard()
+        source = PodSource(NODE, api.client(), index)
+        source.start()
         try:
-            assert index.wait_synced(5)
+            assert source.wait_synced(5)
             assert _wait_for(lambda: index.info(KUEUE_UID) is not None and "tier" in index.info(REDIS_UID).labels)
+            assert isinstance(index.events[0], PodsListed)  # then the watch's, one event each
+            assert {type(e) for e in index.events[1:]} == {PodUpdated, PodDeleted}
 
             listing, watch = api.requests[0], api.requests[1]
             assert listing["query"]["fieldSelector"] == f"spec.nodeName={NODE}"
@@ -92,22 +114,23 @@ def test_pod_index_lists_and_watches_only_its_node():
             assert index.info(None) is None
         finally:
             api.closing.set()  # release the hanging watch so the thread sees the stop
-            index.stop()
-            assert not index.alive
+            source.stop()
+            assert not source.alive
 
 
 def test_forbidden_degrades_to_none_after_one_log_line(caplog):
-    caplog.set_level(logging.DEBUG, logger="oomwatch.workloads.kubeapi")
+    caplog.set_level(logging.DEBUG, logger="oomwatch.sources.pods")
     with node_api(list_status=403) as api:
-        index = PodIndex(NODE, api.client(), retry_seconds=0.02, max_retry_seconds=0.02)
-        index.start()
+        heard = Heard()
+        source = PodSource(NODE, api.client(), heard, retry_seconds=0.02, max_retry_seconds=0.02)
+        source.start()
         try:
             assert _wait_for(lambda: len(api.requests) >= 3)
-            assert not index.wait_synced(0)
-            assert index.info(PYTORCH_UID) is None
-            assert index.alive  # keeps retrying in the background
+            assert not source.wait_synced(0)
+            assert heard.events == []
+            assert source.alive  # keeps retrying in the background
         finally:
-            index.stop()
+            source.stop()
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1
     assert "cannot list/watch pods" in warnings[0].getMessage()
@@ -115,20 +138,21 @@ def test_forbidden_degrades_to_none_after_one_log_line(caplog):
 
 def test_unreachable_api_server_degrades_too(caplog):
     config = KubeConfig.from_one(cluster=Cluster(server="http://127.0.0.1:9"), user=User(token="t"))
-    index = PodIndex(NODE, Client(config, trust_env=False), retry_seconds=0.02, max_retry_seconds=0.02)
-    index.start()
+    heard = Heard()
+    source = PodSource(NODE, Client(config, trust_env=False), heard, retry_seconds=0.02, max_retry_seconds=0.02)
+    source.start()
     try:
-        assert not index.wait_synced(0.3)
-        assert index.info(PYTORCH_UID) is None
+        assert not source.wait_synced(0.3)
+        assert heard.events == []
     finally:
-        index.stop()
+        source.stop()
     assert sum(r.levelno >= logging.WARNING for r in caplog.records) == 1
 
 
 def test_no_in_cluster_config_means_no_index(monkeypatch, caplog, tmp_path):
     caplog.set_level(logging.INFO, logger="oomwatch.workloads.kubeapi")
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert PodIndex.from_environment(NODE) is None
+    assert PodSource.from_environment(list.append, NODE) is None
     assert len(caplog.records) == 1
     # in a pod, but without a service account token mounted
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
@@ -139,40 +163,48 @@ def test_no_in_cluster_config_means_no_index(monkeypatch, caplog, tmp_path):
 def test_in_cluster_needs_a_node_name(monkeypatch):
     monkeypatch.setattr(kubeapi, "in_cluster_client", lambda: object())  # pretend the service account works
     monkeypatch.delenv("NODE_NAME", raising=False)
-    assert PodIndex.from_environment() is None
+    assert PodSource.from_environment(list.append) is None
     monkeypatch.setenv("NODE_NAME", NODE)
-    index = PodIndex.from_environment()
-    assert index is not None and index.node_name == NODE
-    assert PodIndex.from_environment("other-node").node_name == "other-node"
+    source = PodSource.from_environment(list.append)
+    assert source is not None and source.node_name == NODE
+    assert PodSource.from_environment(list.append, "other-node").node_name == "other-node"
+
+
+def watched(event_type: str, pod: dict[str, Any]) -> list:
+    """What the pod source emits for one watch event."""
+    heard: list = []
+    PodSource(NODE, None, heard.append).watched(event_type, pod)
+    return heard
 
 
 def test_deleted_pods_expire_after_retention():
-    now = [1000.0]
-    index = PodIndex(NODE, client=None, retention_seconds=600, clock=lambda: now[0])
+    table = PodTable(retention=600)
     pod = {"metadata": {"uid": REDIS_UID, "namespace": "default", "name": "redis-7d9f8b6c5-x2k4q"}}
     other = {"metadata": {"uid": BARE_UID, "namespace": "default", "name": "debug-shell"}}
-    index.apply("ADDED", pod)
-    index.apply("DELETED", pod)
-    now[0] += 599
-    index.apply("ADDED", other)
-    assert index.info(REDIS_UID) is not None
-    now[0] += 2
-    index.apply("MODIFIED", other)
-    assert index.info(REDIS_UID) is None
-    assert index.info(BARE_UID) is not None
+    [added], [deleted] = watched("ADDED", pod), watched("DELETED", pod)
+    assert (type(added), type(deleted)) == (PodUpdated, PodDeleted)
+    table.take(added, 1000.0)
+    table.take(deleted, 1000.0)
+    table.take(watched("ADDED", other)[0], 1599.0)
+    assert table.get(REDIS_UID) is not None
+    table.take(watched("MODIFIED", other)[0], 1601.0)
+    assert table.get(REDIS_UID) is None
+    assert table.get(BARE_UID) is not None
 
 
 def test_relist_marks_vanished_pods_deleted():
-    now = [0.0]
-    index = PodIndex(NODE, client=None, retention_seconds=10, clock=lambda: now[0])
-    index.replace_all([{"metadata": {"uid": REDIS_UID, "namespace": "default", "name": "redis"}}])
-    now[0] = 5
-    index.replace_all([{"metadata": {"uid": BARE_UID, "namespace": "default", "name": "debug-shell"}}])
-    assert index.info(REDIS_UID) is not None  # gone from the list, kept for the retention time
-    now[0] = 16
-    index.replace_all([{"metadata": {"uid": BARE_UID, "namespace": "default", "name": "debug-shell"}}])
-    assert index.info(REDIS_UID) is None
-    assert len(index) == 1
+    table = PodTable(retention=10)
+    heard: list = []
+    source = PodSource(NODE, None, heard.append)
+    source.listed([{"metadata": {"uid": REDIS_UID, "namespace": "default", "name": "redis"}}])
+    table.take(heard[-1], 0.0)
+    assert not PodTable().listed and table.listed
+    source.listed([{"metadata": {"uid": BARE_UID, "namespace": "default", "name": "debug-shell"}}])
+    table.take(heard[-1], 5.0)
+    assert table.get(REDIS_UID) is not None  # gone from the list, kept for the retention time
+    table.take(heard[-1], 16.0)
+    assert table.get(REDIS_UID) is None
+    assert len(table) == 1
 
 
 # --- pure parsers ----------------------------------------------------------------------------------

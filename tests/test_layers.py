@@ -9,6 +9,9 @@ read no files.
   (holders), the pipeline's stages, or the sinks.
 - sinks show what the pipeline published: they read no source.
 - node (what the agent reads once about the node) builds no sink's value.
+- the pipeline and its stages never reach the API server's client (oomwatch.workloads.kubeapi) nor the pod
+  source: what they know of a pod came as an event (issue 29 item 2), so a replay never depends on when a watch
+  delivered.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from tests.test_import_cycles import PACKAGE, import_graph
 
 BOTTOM = ("oomwatch.parse", "oomwatch.model", "oomwatch.names", "oomwatch.timefmt")
+API_CLIENT = ("oomwatch.workloads.kubeapi", "oomwatch.sources.pods")
 # (modules, what they may not reach): each a module name or a package prefix ("oomwatch.sinks" is the package
 # and every module below it).
 FORBIDDEN = [
@@ -27,6 +31,8 @@ FORBIDDEN = [
     ("oomwatch.sinks", ("oomwatch.sources",)),
     ("oomwatch.node", ("oomwatch.sinks",)),
     ("oomwatch.events", ("oomwatch.workloads", "oomwatch.sources", "oomwatch.sinks")),
+    ("oomwatch.pipeline", API_CLIENT),
+    ("oomwatch.stages", API_CLIENT),
 ]
 # File reads a parser must not make: open(), os.open/listdir/scandir, Path.open/read_text/read_bytes.
 FILE_READS = {"open", "listdir", "scandir", "read_text", "read_bytes", "pread"}
@@ -77,6 +83,13 @@ def file_reads(root: Path) -> list[str]:
 def test_no_module_crosses_its_layer() -> None:
     found = crossings(import_graph())
     assert not found, "layers crossed: " + "; ".join(found)
+
+
+def test_the_pipeline_never_reaches_the_api_server() -> None:
+    graph = import_graph()
+    reached = reachable(graph, "oomwatch.pipeline")
+    assert "oomwatch.stages.identity" in reached and "oomwatch.workloads.resolver" in reached  # (the graph is whole)
+    assert not [m for m in sorted(reached) if any(_under(m, b) for b in API_CLIENT)]
 
 
 def test_parsers_read_no_files() -> None:

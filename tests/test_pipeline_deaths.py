@@ -20,7 +20,8 @@ from oomwatch.sources.containerlog import log_tail_read
 from oomwatch.store import Store
 from oomwatch.timefmt import parse_iso8601
 from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES, raw_records
-from tests.replay import LiveReader, RecordedTree, Replay, live_settings, saved_log_events, tree_events
+from tests.replay import (LiveReader, RecordedTree, Replay, live_settings, pod_updated, pods_listed, saved_log_events,
+                          tree_events)
 from tests.test_golden import golden_config
 
 K8S = FIXTURES / "golden" / "k8s-runc"
@@ -400,21 +401,17 @@ def evicted_pod(reason: str | None) -> dict:
     return {"metadata": {"uid": POD_UID, "namespace": "ml", "name": "train-0"}, "status": status}
 
 
-def with_pod_index(replay: Replay) -> Any:
-    from oomwatch.workloads.kubeapi import PodIndex
-
-    index = PodIndex("node-1", client=None)
-    index.apply("ADDED", evicted_pod(None))
-    replay.pipeline.resolver.pod_index = index
-    return index
+def with_pod_index(replay: Replay) -> None:
+    """The pod source's first list: the pod, running."""
+    replay.step(pods_listed(evicted_pod(None)))
 
 
-def runtime_stop_in_an_indexed_pod(tmp_path: Path) -> tuple[Deaths, Any]:
+def runtime_stop_in_an_indexed_pod(tmp_path: Path) -> Deaths:
     """The runtime's `runc kill <id> 9` of the container of a pod the index knows, the main process's SIGKILL,
     and the kernel log read past it: the death is complete, its sender so far the runtime's stop."""
     replay, recorded = k8s_node(tmp_path)
     recorded.close()
-    index = with_pod_index(replay)
+    with_pod_index(replay)
     started(replay, 5001, 1, "python3", BOOT + 1.0)
     container_id = CONTAINER.rsplit("/", 1)[1]
     argv = ("runc", "--root", "/run/containerd/runc/k8s.io", "kill", container_id, "9")
@@ -422,15 +419,15 @@ def runtime_stop_in_an_indexed_pod(tmp_path: Path) -> tuple[Deaths, Any]:
     replay.step(ProcessExited(5001, SIGKILL, BOOT + 5.0), BOOT + 5.0)
     replay.advance_to(BOOT + 8.0)
     log_read(replay, BOOT + 8.1)
-    return replay, index
+    return replay
 
 
 def test_the_kubelets_eviction_is_named_once_the_pods_status_says_it(tmp_path: Path) -> None:
     """The kubelet stops an evicted pod's containers (through the runtime) before the API shows "Evicted": a
     SIGKILL death of a pod the index knows waits for its status, and is the kubelet's eviction once it comes."""
-    replay, index = runtime_stop_in_an_indexed_pod(tmp_path)
+    replay = runtime_stop_in_an_indexed_pod(tmp_path)
     assert replay.deaths == []  # complete, but the pod's status may still say who sent it
-    index.apply("MODIFIED", evicted_pod("Evicted"))
+    replay.step(pod_updated(evicted_pod("Evicted")))  # the pod source hears the eviction
     replay.settle()
     [death] = replay.deaths
     assert (death.cause, death.sender) == ("userspace", "kubelet-eviction")
@@ -439,7 +436,7 @@ def test_the_kubelets_eviction_is_named_once_the_pods_status_says_it(tmp_path: P
 
 
 def test_a_pod_that_is_not_evicted_keeps_the_runtimes_stop_after_the_wait(tmp_path: Path) -> None:
-    replay, _ = runtime_stop_in_an_indexed_pod(tmp_path)
+    replay = runtime_stop_in_an_indexed_pod(tmp_path)
     assert replay.deaths == [] and replay.pipeline.next_deadline() == BOOT + 8.1 + POD_STATUS_WAIT_SECONDS
     replay.settle()
     [death] = replay.deaths
@@ -480,13 +477,9 @@ def ray_pod(labels: dict | None = None, owner_kind: str | None = "RayCluster") -
     return {"metadata": metadata, "status": {"phase": "Running"}}
 
 
-def with_ray_pod(replay: Replay, pod: dict | None = None) -> Any:
-    from oomwatch.workloads.kubeapi import PodIndex
-
-    index = PodIndex("node-1", client=None)
-    index.apply("ADDED", pod or ray_pod())
-    replay.pipeline.resolver.pod_index = index
-    return index
+def with_ray_pod(replay: Replay, pod: dict | None = None) -> None:
+    """The pod source's first list: the Ray pod."""
+    replay.step(pods_listed(pod or ray_pod()))
 
 
 def ray_worker_sigkilled(replay: Deaths) -> Effects:

@@ -92,6 +92,7 @@ def test_every_event_and_every_value_a_stage_tells_has_a_stage_that_takes_it() -
     taken = {kind for stage in (PostureStage, KernelLogStage, DeathsStage, IdentityStage, CountsStage)
              for kind in stage.TAKES}
     kinds = [v for v in vars(events).values() if isinstance(v, type) and v.__module__ == events.__name__]
-    kinds += [getattr(stages, name) for name in ("Due", "Published", "CountersMoved", "SigKilled", "DeathCounted")]
+    kinds += [getattr(stages, name) for name in ("Due", "Named", "Published", "CountersMoved", "SigKilled",
+                                                 "DeathCounted")]
     assert len(kinds) > 20
     assert [k.__name__ for k in kinds if k not in taken] == ["Tick"]  # (a Tick only advances what is due)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from oomwatch.workloads import WorkloadResolver
-from oomwatch.workloads.kubeapi import PodIndex
+from oomwatch.workloads.kubeapi import pod_info_from_object
 from oomwatch.workloads.runtime import (
     RuntimeNames,
     parse_container_log_name,
@@ -250,15 +250,14 @@ def test_resolver_marks_the_sandbox(node):
     assert workload.pod == "trainer-worker-0"
 
 
-def test_resolver_adds_owner_and_job_from_the_pod_index(node):
-    index = PodIndex("gpu-node-7", client=None)
-    index.apply("ADDED", {"metadata": {
+def test_resolver_adds_owner_and_job_from_the_pods_it_is_given(node):
+    info = pod_info_from_object({"metadata": {
         "name": "trainer-worker-0", "namespace": "ml-team", "uid": "24f2bbdc-1d3e-4978-8054-90f565dfe654",
         "labels": {"training.kubeflow.org/job-name": "trainer",
                    "training.kubeflow.org/operator-name": "pytorchjob-controller"},
         "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "trainer",
                              "uid": "0b7c2a51-93f4-4c1e-8d5a-6e2f1b0c9d8e", "controller": True}]}})
-    workload = WorkloadResolver(None, index).resolve(CTRD_CGROUP)
+    workload = WorkloadResolver(None, {info.uid: info}.get).resolve(CTRD_CGROUP)
     assert workload.owner == {"kind": "PyTorchJob", "name": "trainer", "apiVersion": "kubeflow.org/v1",
                               "uid": "0b7c2a51-93f4-4c1e-8d5a-6e2f1b0c9d8e"}
     assert workload.job == {"kind": "PyTorchJob", "name": "trainer"}
@@ -267,7 +266,7 @@ def test_resolver_adds_owner_and_job_from_the_pod_index(node):
 
 
 def test_resolver_leaves_non_kubernetes_alone(node):
-    resolver = WorkloadResolver(_names(node), PodIndex("n", client=None))
+    resolver = WorkloadResolver(_names(node), {}.get)
     workload = resolver.resolve("/system.slice/slurmstepd.scope/job_4187/step_0/user/task_0")
     assert workload.type == "slurm" and workload.pod is None and workload.owner is None
 

@@ -18,7 +18,6 @@ logged once and counted (`oomwatch_workloads_not_exported_total`): it never fail
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import re
@@ -88,6 +87,8 @@ def label_value(value: str) -> str:
         value = as_logged(value)
     value = _LABEL_ESCAPED.sub(_label_escape, value)
     if len(value) > LABEL_VALUE_MAX:
+        import hashlib  # here, not at the start: it loads OpenSSL's libcrypto (0.1-0.2 s under emulation)
+
         digest = hashlib.sha256(value.encode("utf-8")).hexdigest()[:16]
         value = f"{value[:LABEL_VALUE_MAX]}…[cut: {len(value)} characters, sha256 {digest}]"
     return value

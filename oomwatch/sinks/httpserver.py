@@ -78,7 +78,6 @@ idle agent is not woken by this server.
 from __future__ import annotations
 
 import bisect
-import ipaddress
 import logging
 import os
 import queue
@@ -238,6 +237,8 @@ def client_key(address: Any) -> str:
     """What per-client limits count by, from a peer address as accept() gives it: the IPv4 address, or the
     IPv6 /64 (one host is routinely given a whole /64, so its addresses are one client); an IPv4-mapped IPv6
     address (a dual-stack listener) is its IPv4 address."""
+    import ipaddress  # at the first client, not at the start (which needs no more than the port)
+
     host = address[0] if isinstance(address, tuple) and address else str(address)
     try:
         ip = ipaddress.ip_address(host.split("%", 1)[0])

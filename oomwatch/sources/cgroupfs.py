@@ -26,6 +26,7 @@ from oomwatch.parse.cgroup import (
     parse_proc_stat_exiting,
 )
 from oomwatch.parse.pressure import Pressure, parse_memory_stat_field, parse_pressure, working_set_bytes
+from oomwatch.sources.inotify import INotify, flags as inotify_flags
 
 log = logging.getLogger(__name__)
 
@@ -280,9 +281,7 @@ class CgroupWatcher:
     def __init__(self, fs: CgroupFS, *, on_added: CgroupCallback, on_removed: CgroupCallback,
                  on_events: CgroupCallback, on_populated: CgroupCallback = lambda path: None,
                  inotify: Any = None, max_user_watches: str = MAX_USER_WATCHES) -> None:
-        import inotify_simple  # imported here: inspect and offline analysis never need it
-
-        self._flags = inotify_simple.flags
+        self._flags = inotify_flags
         self.fs = fs
         self.on_added, self.on_removed, self.on_events = on_added, on_removed, on_events
         # memory.max or memory.oom.group written (a runtime setting a container's limits): IN_MODIFY through the
@@ -292,7 +291,7 @@ class CgroupWatcher:
         self.on_resync: Callable[[], None] = lambda: None
         self.on_populated = on_populated
         self.unwatched_limits: set[str] = set()
-        self._inotify = inotify if inotify is not None else inotify_simple.INotify()
+        self._inotify = inotify if inotify is not None else INotify()
         self._max_user_watches = max_user_watches
         self._known: dict[str, None] = {}  # every cgroup reported, in the order found (parents first)
         self._children: dict[str, set[str]] = {}  # only cgroups that have children

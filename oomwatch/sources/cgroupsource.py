@@ -16,6 +16,7 @@ from oomwatch.events import (
     CgroupChanged,
     CgroupRemoved,
     MemoryStatRead,
+    NamesRead,
     ProcessExeced,
     ProcessExited,
     ProcessForked,
@@ -44,7 +45,9 @@ Emit = Callable[[Any], None]
 class CgroupSource:
     """Watches the tree (sources.cgroupfs.CgroupWatcher) and emits CgroupAdded / CgroupChanged / CgroupRemoved.
 
-    `resolver` reads container names from the runtime's bundles as containers appear; `stat_cache` (scrape-time
+    `resolver` reads container names from the runtime's bundles as containers appear, again when a container
+    still unnamed gets its first process (the runtime may write its bundle after making its cgroup), and when a
+    kill needs them (`read_names`, the pipeline's Effects.read_names); `stat_cache` (scrape-time
     reads) is told what changed; `on_kill()` is called when a cgroup's oom_kill moves (the cue a syslog(2)
     reader needs). `clock` is monotonic seconds, for the rate limits; `wall_clock` stamps memory.stat readings
     with the kernel-log reader's clock (KernelLog.drained_at is time.time())."""
@@ -63,6 +66,7 @@ class CgroupSource:
         self._stat_at: dict[str, float] = {}  # when memory.stat was last read (clock), per cgroup
         self._stat_window: list = [float("-inf"), 0]  # [start, reads] of the node's current second
         self.own_cgroup: Optional[str] = None  # where this process sits in the watched tree (seen in a pid list)
+        self._unnamed: set[str] = set()  # container cgroups whose bundle named no pod when they appeared
         self.watcher = CgroupWatcher(fs, on_added=self._added, on_removed=self._removed, on_events=self._events,
                                      on_populated=self._populated)
         self.watcher.on_limits = self._limits
@@ -103,7 +107,25 @@ class CgroupSource:
             workload = self.resolver.identify(path)
             if workload.type == "k8s-pod" and workload.pod_uid and workload.cgroup == path:
                 names = self.resolver.runtime_names.lookup(None, workload.pod_uid)  # the pod's log directory
+            elif workload.type == "k8s-container" and workload.container_id and workload.cgroup == path:
+                self._unnamed.add(path)  # (read again at its first process, or when a kill needs it)
+        elif names is not None and names.pod is None and not names.is_sandbox:
+            self._unnamed.add(path)
         return names
+
+    def _names_again(self, path: str):
+        """A container's names read again, when the read at its appearance named no pod; None: still nothing."""
+        if path not in self._unnamed:
+            return None
+        self._unnamed.discard(path)
+        names = self._names(path)
+        return names if names is not None and names.pod is not None else None
+
+    def read_names(self, path: str) -> None:
+        """A kill in the container cgroup `path` needs its names (the pipeline asked): read its bundle now, while
+        it still exists, and emit what it said (NamesRead; None: nothing)."""
+        self._unnamed.add(path)
+        self._emit(NamesRead(path, self._names_again(path)))
 
     # --- watcher callbacks (the watcher's thread) -----------------------------------------------------------
 
@@ -122,6 +144,7 @@ class CgroupSource:
         self._last_local.pop(path, None)
         self._snapshot_at.pop(path, None)
         self._stat_at.pop(path, None)
+        self._unnamed.discard(path)
         self._emit(CgroupRemoved(path))
 
     def _events(self, path: str) -> None:
@@ -151,7 +174,7 @@ class CgroupSource:
         if pids is None and not (moved["oom"] or moved["oom_kill"] or moved["oom_group_kill"]):
             return  # only OOM moves matter to the pipeline
         oom_group, limited = self._limits_of(path)
-        self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids, pids_read_at))
+        self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids, pids_read_at=pids_read_at))
         if moved["oom_kill"]:
             self.on_kill()
 
@@ -184,13 +207,15 @@ class CgroupSource:
 
     def _populated(self, path: str) -> None:
         """A cgroup got its first process (a container's init, its resources now set), or lost its last: pids and
-        oom.group, and memory.events.local read before the pids (its counters date the pids: a group kill the
-        reading counted was done before the cgroup was seen empty, oomwatch/stages/kernellog.py)."""
+        oom.group, memory.events.local read before the pids (its counters date the pids: a group kill the reading
+        counted was done before they were read, oomwatch/stages/kernellog.py), and a container's names if its
+        bundle named no pod when its cgroup appeared."""
         ino, local = self.fs.read_local_events(path)
         oom_group, limited = self._limits_of(path)
         pids = self._subtree_pids(path)
+        read_at = self._wall_clock()
         self._emit(CgroupChanged(path, ino if local is not None else None, local, oom_group, limited, pids,
-                                 self._wall_clock()))
+                                 self._names_again(path), read_at))
 
 
 def oomd_marks(directory: str) -> tuple[Optional[int], Optional[int]]:

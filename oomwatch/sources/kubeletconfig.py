@@ -26,10 +26,9 @@ class KubeletConfigWatch:
 
     def start(self) -> None:
         """Watch the file's directory; a node without one (no kubelet) has nothing to watch."""
-        import inotify_simple
+        from oomwatch.sources.inotify import INotify, flags
 
-        flags = inotify_simple.flags
-        inotify = inotify_simple.INotify()
+        inotify = INotify()
         try:
             inotify.add_watch(os.path.dirname(self.path) or ".",
                               flags.CLOSE_WRITE | flags.MOVED_TO | flags.CREATE | flags.DELETE | flags.ONLYDIR)

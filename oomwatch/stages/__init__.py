@@ -1,7 +1,7 @@
 """The pipeline's stages (oomwatch/pipeline.py dispatches each event to the stages that take it; docs/loop.md has
 the picture) and what they share: the node `Context` every stage sees (the settings, the store, the workload
 resolver, the node state), what one step asks of the agent (`Effects`), and the typed values one stage hands
-another through the Pipeline (`Due`, `Published`, `CountersMoved`, `SigKilled`, `DeathCounted`).
+another through the Pipeline (`Due`, `Named`, `Published`, `CountersMoved`, `SigKilled`, `DeathCounted`).
 
 A stage declares the event types it takes (`TAKES`), offers `step(event, now, fx)` (returning the typed values
 it has for other stages), `advance(now, fx)` (whatever is due after every event) and `next_deadline()`, and keeps
@@ -55,6 +55,7 @@ class Effects:
     read_logs: list[LogRequest] = field(default_factory=list)  # container logs to read (then step LogTailRead)
     read_marks: list[str] = field(default_factory=list)  # systemd units' cgroups: read systemd-oomd's marks now
     read_ray_logs: list[RayLogRequest] = field(default_factory=list)  # raylet.out tails (then step RayLogRead)
+    read_names: list[str] = field(default_factory=list)  # container cgroups: read their bundles (then NamesRead)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,10 @@ class Settings:
     saved_log: bool = False  # a saved log is replayed: its cursor is its records' place in it ("file")
     page_size: Optional[int] = None  # the task table's page size (this host's); None: told from each report
     read_logs: bool = False  # the agent reads the kubelet's pod logs for deaths that need them (LogRequest)
+    # The agent's cgroup source reads a container's bundle again when a kill needs its names (Effects.read_names)
+    read_names: bool = False
+    # The API server's pods are watched (the pod source): a kill in a pod before its first list waits for it
+    pods_watched: bool = False
 
 
 class Context(NamedTuple):
@@ -91,8 +96,16 @@ class Context(NamedTuple):
 
 
 class Due(NamedTuple):
-    """Incidents complete now: to be counted once by the store and published (the counts stage); `timed`: their
-    latency is observed (past the backlog found at start)."""
+    """Incidents complete now: to be named (the identity stage: a kill whose pod is not known yet waits for its
+    names a bounded time), then counted; `timed`: their latency is observed (past the backlog found at start)."""
+
+    incidents: list[Incident]
+    timed: bool
+
+
+class Named(NamedTuple):
+    """Complete incidents with every name known by now: to be counted once by the store and published (the
+    counts stage), in the order they came due."""
 
     incidents: list[Incident]
     timed: bool

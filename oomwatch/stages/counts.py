@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 from oomwatch.events import CgroupAdded, CgroupRemoved, KernelLogEnded, StateSaved, Stop
 from oomwatch.model import Incident
 from oomwatch.reconcile import Reconciler, counted_incident
-from oomwatch.stages import Context, CountersMoved, DeathCounted, Due, Effects, Published
+from oomwatch.stages import Context, CountersMoved, DeathCounted, Due, Effects, Named, Published
 from oomwatch.stages.kernellog import KernelLogView
 
 VIEWS = ("CountedKillsView",)
@@ -21,7 +21,7 @@ SAVE_INTERVAL = 1.0
 
 
 class CountsStage:
-    TAKES = (Due, CgroupAdded, CountersMoved, CgroupRemoved, DeathCounted, KernelLogEnded, StateSaved, Stop)
+    TAKES = (Named, CgroupAdded, CountersMoved, CgroupRemoved, DeathCounted, KernelLogEnded, StateSaved, Stop)
 
     def __init__(self, context: Context, log: KernelLogView, explain: Callable[[Incident], str], *, now: float,
                  accounts: Optional[dict], state_error: Optional[str]) -> None:
@@ -43,7 +43,7 @@ class CountsStage:
     def step(self, event: Any, now: float, fx: Effects) -> list:
         self._now = now
         settings, node = self._context.settings, self._context.node
-        if isinstance(event, Due):
+        if isinstance(event, Named):
             return self._publish(event, fx)
         if isinstance(event, CgroupAdded):
             if settings.counting and event.ino is not None and event.local is not None:
@@ -69,7 +69,7 @@ class CountsStage:
             self._dirty = False
         return []
 
-    def _publish(self, due: Due, fx: Effects) -> list:
+    def _publish(self, due: Named, fx: Effects) -> list:
         published = []
         for incident in due.incidents:
             if not self._context.store.publish(incident, observe_latency=due.timed):

@@ -31,7 +31,7 @@ DEATH_HOLD_SECONDS = 10.0
 LOG_WAIT_SECONDS = 5.0
 # A SIGKILLed Kubernetes container whose sender is not known yet waits this long for its pod's status: the kubelet's
 # eviction says "Evicted" only once the pod's containers are stopped (pkg/kubelet/status mergePodStatus holds a
-# terminal status back while containers may run), and the pod index hears it through its watch after that.
+# terminal status back while containers may run), and the pod source hears it through its watch after that.
 POD_STATUS_WAIT_SECONDS = 10.0
 # A SIGKILL with no sender known yet in a Ray pod waits this long for its raylet.out (read at once by the agent:
 # only a raylet that cannot be read, or a busy loop, makes it wait at all).
@@ -238,8 +238,7 @@ class DeathsStage:
             fx.read_ray_logs.append(RayLogRequest(group.key, group.key))
             return
         if (death is not None and death.cause == "userspace" and death.sender != "kubelet-eviction"
-                and not status_waited and settings.kmsg_source is not None
-                and resolver.pod_index is not None and evidence.pod_status is not None):
+                and not status_waited and settings.kmsg_source is not None and evidence.pod_status is not None):
             self._parked[group.key] = _Parked(group, "status", self._now + POD_STATUS_WAIT_SECONDS, log, ray)
             return
         self._death_context.pop(group.key, None)
@@ -252,21 +251,21 @@ class DeathsStage:
             fx.changed = True
 
     def _pod_status(self, workload: Optional[Workload]) -> Optional[PodStatus]:
-        """The pod's status as the pod index last heard it (None: no index, not a pod, or a pod it does not know:
-        then no wait for it either)."""
+        """The pod's status as the pod source's events last told it (None: not a pod, or a pod not heard of: then
+        no wait for it either)."""
         if workload is None or workload.type != "k8s-container":
             return None
-        info = self._context.resolver.pod_info(workload.pod_uid)
+        info = self._identities.pod_info(workload.pod_uid)
         if info is None:
             return None
         return PodStatus(info.status_reason, info.status_message, info.deleting)
 
     def _runs_ray(self, workload: Optional[Workload]) -> bool:
-        """A Kubernetes container of a pod that runs Ray (KubeRay's kinds or label), as the pod index says now
-        (the identity may predate the index's first word on the pod)."""
+        """A Kubernetes container of a pod that runs Ray (KubeRay's kinds or label), as the pod source's events say
+        by now (the identity may predate their first word on the pod)."""
         if workload is None or workload.type != "k8s-container":
             return False
-        info = self._context.resolver.pod_info(workload.pod_uid)
+        info = self._identities.pod_info(workload.pod_uid)
         kinds = [(d or {}).get("kind") for d in (workload.job, workload.owner)]
         if info is not None:
             kinds += [(d or {}).get("kind") for d in (info.job, info.owner)]

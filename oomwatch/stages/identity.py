@@ -1,36 +1,111 @@
 """Which cgroup is which workload: the identity stage keeps the node state up to date (pids, oom.group flags,
 memory.events hints, the workload registry), names each workload cgroup (`_classify`, `_set_labels`), gives it
 its series unless the store is full of live ones (`_export`, the workloads over the cap), and forgets it when its
-cgroup goes. Others see its identities only through `IdentityView`."""
+cgroup goes. It keeps its own table of this node's pods from the pod source's events (`PodTable`: the resolver
+names pods from it), and names each incident before it is counted: one whose container's names were never read,
+or whose pod came before the first pod list, waits a bounded time for them (`NAMES_WAIT_SECONDS`), asking the
+cgroup source to read the bundle again (Effects.read_names). Others see it only through `IdentityView`."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from collections import deque
+from dataclasses import replace
+from typing import Any, Callable, NamedTuple, Optional
 
 from oomwatch.cowmap import CowMap
-from oomwatch.events import (CgroupAdded, CgroupChanged, CgroupRemoved, PodsListed, ProcessExeced,
-                             ProcessForked)
-from oomwatch.model import Workload
+from oomwatch.events import (CgroupAdded, CgroupChanged, CgroupRemoved, NamesRead, PodDeleted, PodsListed,
+                             PodUpdated, ProcessExeced, ProcessForked, Stop)
+from oomwatch.model import ContainerNames, Incident, PodInfo, Workload
 from oomwatch.nodestate import is_workload
-from oomwatch.stages import Context, CountersMoved, Effects
+from oomwatch.stages import Context, CountersMoved, Due, Effects, Named
 from oomwatch.store import Labels
 
 VIEWS = ("IdentityView",)
 
+# An incident whose names are not known when it is complete waits this long at most for them: the bundle's names
+# the cgroup source reads again at once (Effects.read_names), or the pod source's first list (an agent that just
+# started on a busy node). Then it is published with what is known.
+NAMES_WAIT_SECONDS = 5.0
+# Deleted pods are kept this long: an OOM is often explained after its pod is gone (a Job's pod deleted on
+# failure, an evicted pod).
+POD_RETENTION_SECONDS = 600.0
+
+
+class PodTable:
+    """This node's pods as the pod source's events told them, by UID (deleted ones kept POD_RETENTION_SECONDS,
+    by the events' time). `listed`: a whole list has come (before it, a pod not in the table may still be)."""
+
+    def __init__(self, retention: float = POD_RETENTION_SECONDS) -> None:
+        self._pods: dict[str, PodInfo] = {}
+        self._deleted_at: dict[str, float] = {}
+        self._retention = retention
+        self.listed = False
+
+    def get(self, pod_uid: str) -> Optional[PodInfo]:
+        return self._pods.get(pod_uid)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def take(self, event: Any, now: float) -> Optional[frozenset]:
+        """A pod event; returns the UIDs it was about (None: every pod, a list)."""
+        if isinstance(event, PodsListed):
+            listed = {info.uid for info in event.pods}
+            for uid in self._pods:
+                if uid not in listed and uid not in self._deleted_at:
+                    self._deleted_at[uid] = now
+            for info in event.pods:
+                self._pods[info.uid] = info
+                self._deleted_at.pop(info.uid, None)
+            self.listed = True
+            uids = None
+        else:
+            self._pods[event.info.uid] = event.info
+            if isinstance(event, PodDeleted):
+                self._deleted_at[event.info.uid] = now
+            else:
+                self._deleted_at.pop(event.info.uid, None)
+            uids = frozenset((event.info.uid,))
+        for uid, deleted_at in list(self._deleted_at.items()):
+            if now - deleted_at > self._retention:
+                del self._deleted_at[uid]
+                self._pods.pop(uid, None)
+        return uids
+
+
+class _Held(NamedTuple):
+    """An incident waiting for its names until `until`: the container cgroups whose bundles it asked to be read
+    (`asked`), and whether it waits for the first pod list."""
+
+    incident: Incident
+    timed: bool
+    until: float
+    asked: frozenset
+    list_wanted: bool
+
 
 class IdentityStage:
-    TAKES = (CgroupAdded, CgroupChanged, CgroupRemoved, PodsListed, ProcessForked, ProcessExeced)
+    TAKES = (CgroupAdded, CgroupChanged, CgroupRemoved, PodsListed, PodUpdated, PodDeleted, NamesRead,
+             ProcessForked, ProcessExeced, Due, Stop)
 
-    def __init__(self, context: Context) -> None:
+    def __init__(self, context: Context, explain: Callable[[Incident], str]) -> None:
         self._context = context
+        self._explain = explain
+        self._pods = PodTable()
+        context.resolver.pods = self._pods.get  # what names a pod: this stage's table, nothing read live
+        self._held: deque[_Held] = deque()  # incidents waiting for names, in the order they came due
+        self._unanswered: set[str] = set()  # container cgroups whose bundles were asked for and not answered yet
+        # An incident waited its whole time for the first pod list, which did not come (the API server refuses,
+        # or is down): later ones do not wait for it until it comes.
+        self._list_overdue = False
         self._identities: dict[str, Workload] = {}
         self._rows = CowMap()  # what view() shows: cgroup → (cgroup, labels, identity) of each exported workload
         # Workload cgroups the full store could not take, in the order they came (exported when it can, first first)
         self._over_cap: dict[str, None] = {}
 
     def view(self) -> "IdentityView":
-        return IdentityView(self._identities)
+        return IdentityView(self._identities, self._pods)
 
     def exported(self) -> tuple:
         """(cgroup, series labels, identity) of each exported workload, in constant time (cowmap)."""
@@ -42,29 +117,102 @@ class IdentityStage:
 
     def step(self, event: Any, now: float, fx: Effects) -> list:
         node, resolver, path = self._context.node, self._context.resolver, getattr(event, "path", None)
+        if isinstance(event, Due):
+            return self._due(event, now, fx)
         if isinstance(event, CgroupAdded):
             resolver.owned(path, event.owner)  # (parents come first: a delegation root before what is below it)
             node.remember_pids(path, event.pids)
             node.set_oom_group(path, event.oom_group)
             node.first_reading(path, event.local)
-            if event.names is not None:
-                resolver.runtime_names.keep(event.names)
+            self._names_read(path, event.names)
             self._classify(path, event.oom_group, event.limited, fx, names_arrived=event.names is not None)
         elif isinstance(event, CgroupChanged):
             return self._cgroup_changed(event, now, fx)
         elif isinstance(event, CgroupRemoved):
             self._cgroup_removed(path, fx)
-        elif isinstance(event, PodsListed):
-            self._pods_listed(event, fx)
+        elif isinstance(event, (PodsListed, PodUpdated, PodDeleted)):
+            self._pods_heard(self._pods.take(event, now), fx)
+            return self._release(now)
+        elif isinstance(event, NamesRead):
+            self._unanswered.discard(path)
+            if event.names is not None:
+                self._names_read(path, event.names)
+                self._renamed(path, fx)
+            return self._release(now)
         elif isinstance(event, ProcessForked):
             node.process_forked(event.parent, event.parent_task, event.child)
         elif isinstance(event, ProcessExeced):
             node.process_execd(event.pid, event.cgroup, event.ns_pid, event.comm)
+        elif isinstance(event, Stop):  # nothing more will answer: every incident held is published as it is
+            return self._release(now, everything=True)
         return []
+
+    def _names_read(self, path: str, names: Optional[ContainerNames]) -> None:
+        if names is not None:
+            self._context.resolver.runtime_names.keep(names)
+
+    def _renamed(self, path: str, fx: Effects) -> None:
+        """A container cgroup's names came late: its series, and its pod's, named now."""
+        node, resolver = self._context.node, self._context.resolver
+        workload = resolver.resolve(path)
+        for where, identity in ((path, workload), (workload.pod_cgroup, None)):
+            if where and node.is_workload(where):
+                self._set_labels(where, identity or resolver.resolve(where), fx)
+
+    # --- incidents: named before they are counted ------------------------------------------------------------
+
+    def _due(self, due: Due, now: float, fx: Effects) -> list:
+        settings, ready = self._context.settings, []
+        for incident in due.incidents:
+            workloads = (incident.workload, *incident.workloads)
+            unnamed = _unnamed(workloads) if settings.read_names else frozenset()
+            list_wanted = (settings.pods_watched and not self._pods.listed and not self._list_overdue
+                           and any(w.pod_uid for w in workloads))
+            if not (unnamed or list_wanted or self._held):
+                ready.append(incident)  # (most incidents: named already, and nothing before them waits)
+                continue
+            for path in unnamed - self._unanswered:
+                fx.read_names.append(path)  # the cgroup source reads its bundle again (a NamesRead comes back)
+            self._unanswered |= unnamed
+            self._held.append(_Held(incident, due.timed, now + NAMES_WAIT_SECONDS, unnamed, list_wanted))
+        return ([Named(ready, due.timed)] if ready else []) + self._release(now)
+
+    def _release(self, now: float, everything: bool = False) -> list:
+        """The incidents at the head of the queue whose names came or whose wait is over, renamed with what is
+        known now (each with its own `timed`, in order)."""
+        out: list[Named] = []
+        while self._held:
+            held = self._held[0]
+            waiting = (held.asked & self._unanswered) or (held.list_wanted and not self._pods.listed)
+            if waiting and held.until > now and not everything:
+                break
+            self._held.popleft()
+            self._list_overdue = self._list_overdue or (held.list_wanted and not self._pods.listed and not everything)
+            incident = self._named(held.incident, now)
+            if out and out[-1].timed == held.timed:
+                out[-1].incidents.append(incident)
+            else:
+                out.append(Named([incident], held.timed))
+        if not self._held:
+            self._unanswered.clear()  # (an answer that never came: asked again by the next kill that needs it)
+        return out
+
+    def _named(self, incident: Incident, now: float) -> Incident:
+        """The incident with its workloads resolved again (names that came while it waited), detected now."""
+        resolve = self._context.resolver.resolve
+        workloads = tuple(resolve(w.cgroup) if w.is_kubernetes else w for w in incident.workloads)
+        workload = resolve(incident.workload.cgroup) if incident.workload.is_kubernetes else incident.workload
+        if workload == incident.workload and workloads == incident.workloads:
+            return replace(incident, detected_at=now)
+        named = replace(incident, workload=workload, workloads=workloads, detected_at=now)
+        return replace(named, explanation=self._explain(named))
 
     def _cgroup_changed(self, event: CgroupChanged, now: float, fx: Effects) -> list:
         path, node = event.path, self._context.node
         node.set_oom_group(path, event.oom_group)
+        if event.names is not None:  # a container's bundle written after its cgroup appeared
+            self._names_read(path, event.names)
+            self._renamed(path, fx)
         for where, pids in (event.pids or {}).items():
             node.remember_pids(where, pids)
         moved = node.counters_read(path, event.local, now) if event.local is not None else None
@@ -86,10 +234,10 @@ class IdentityStage:
             fx.changed = True
         self._context.resolver.removed(path)
 
-    def _pods_listed(self, event: PodsListed, fx: Effects) -> None:
+    def _pods_heard(self, uids: Optional[frozenset], fx: Effects) -> None:
         """Owners and jobs for the pods' workloads found before the API server named them (their cgroups existed
-        before the first pod list returned: an agent restarted on a busy node)."""
-        uids = event.uids
+        before the first pod list returned: an agent restarted on a busy node); `uids`: the pods heard of (None:
+        every pod, a list)."""
         for path, identity in list(self._identities.items()):
             if identity.pod_uid and (uids is None or identity.pod_uid in uids):
                 workload = self._context.resolver.resolve(path)
@@ -150,19 +298,34 @@ class IdentityStage:
             for path in list(self._over_cap):
                 self._export(path, self._context.node.workloads[path], fx)
             fx.changed = True
-        return []
+        return self._release(now)  # (incidents whose wait for names is over)
 
     def next_deadline(self) -> Optional[float]:
-        return self._context.store.next_expiry()
+        expiry = self._context.store.next_expiry()
+        if not self._held:
+            return expiry
+        return self._held[0].until if expiry is None else min(expiry, self._held[0].until)
+
+
+def _unnamed(workloads: tuple[Workload, ...]) -> frozenset:
+    """The container cgroups among these workloads that no bundle has named yet (to be read again)."""
+    return frozenset(w.cgroup for w in workloads if w.type == "k8s-container" and w.container_id and not w.sandbox
+                     and None in (w.pod, w.namespace, w.container))
 
 
 class IdentityView:
-    """Which workload each workload cgroup is, read-only (for the deaths stage)."""
+    """Which workload each workload cgroup is, and what the pod source said of each pod, read-only (for the
+    deaths stage)."""
 
-    __slots__ = ("_identities",)
+    __slots__ = ("_identities", "_pods")
 
-    def __init__(self, identities: dict[str, Workload]) -> None:
+    def __init__(self, identities: dict[str, Workload], pods: PodTable) -> None:
         self._identities = identities
+        self._pods = pods
 
     def identity_of(self, path: Optional[str]) -> Optional[Workload]:
         return self._identities.get(path) if path is not None else None
+
+    def pod_info(self, pod_uid: Optional[str]) -> Optional[PodInfo]:
+        """The pod as the pod source's events last told it (its status included); None: not heard of."""
+        return self._pods.get(pod_uid) if pod_uid else None

@@ -1,9 +1,11 @@
 """cgroup path → a named workload: identify() from the path, then names from the node and the API server.
 
 The path says what kind of workload it is and carries the ids (container id, pod UID); RuntimeNames
-turns the ids into container / pod / namespace names without the API server; PodIndex, when there is
-API access, adds the pod's controlling owner and training job. Each source is optional and each only
-fills what is still unknown, so a saved log replayed on a laptop still gets its path-level identity.
+turns the ids into container / pod / namespace names without the API server; `pods`, when there is API
+access, adds the pod's controlling owner and training job: in the agent's pipeline, the identity stage's own
+table of the pods the pod source's events told it of (never a live read of the API server). Each source is
+optional and each only fills what is still unknown, so a saved log replayed on a laptop still gets its
+path-level identity.
 
 Which paths are Kubernetes' is the node's `CgroupLayout` (the kubelet's cgroupRoot): names are looked up
 only for those, so a path spelt like a pod's elsewhere never gets a real pod's names (docs/contract.md,
@@ -20,12 +22,17 @@ the tree (`owned`); a saved log replayed without a tree names units as its paths
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from oomwatch.model import Workload
-from oomwatch.workloads.kubeapi import PodIndex, PodInfo
+from oomwatch.model import PodInfo, Workload
 from oomwatch.workloads.paths import CONTAINER, DEFAULT_LAYOUT, CgroupLayout, normalize
 from oomwatch.workloads.runtime import ContainerNames, RuntimeNames
+
+PodLookup = Callable[[str], Optional[PodInfo]]  # pod UID → what the API server said of it, or None
+
+
+def _no_pods(pod_uid: str) -> Optional[PodInfo]:
+    return None
 
 
 class WorkloadResolver:
@@ -34,11 +41,11 @@ class WorkloadResolver:
     module-level functions of oomwatch.workloads.paths, wherever the agent asks who a path belongs to."""
 
     def __init__(
-        self, runtime_names: Optional[RuntimeNames] = None, pod_index: Optional[PodIndex] = None, *,
+        self, runtime_names: Optional[RuntimeNames] = None, pods: Optional[PodLookup] = None, *,
         layout: CgroupLayout = DEFAULT_LAYOUT, trust_delegated: bool = False,
     ) -> None:
         self.runtime_names = runtime_names
-        self.pod_index = pod_index
+        self.pods: PodLookup = pods or _no_pods  # the pipeline's identity stage gives its table's lookup
         self.layout = layout
         self.kubepods_level = layout.kubepods_level
         self.scope_of = layout.scope_of
@@ -108,7 +115,7 @@ class WorkloadResolver:
                 changes.pop("container", None)
 
         pod_uid = changes.get("pod_uid", workload.pod_uid)
-        info = self.pod_index.info(pod_uid) if self.pod_index is not None and pod_uid else None
+        info = self.pods(pod_uid) if pod_uid else None
         if info is not None:
             # The API server's names win only where the node had none.
             changes.setdefault("pod", info.name)
@@ -126,10 +133,6 @@ class WorkloadResolver:
             return ()
         names = self.runtime_names.lookup(workload.container_id, workload.pod_uid)
         return names.tmpfs_mounts if names is not None else ()
-
-    def pod_info(self, pod_uid: Optional[str]) -> Optional[PodInfo]:
-        """What the pod index last heard of a pod (its status included); None without an index or the pod."""
-        return self.pod_index.info(pod_uid) if self.pod_index is not None and pod_uid else None
 
     def _names(self, workload: Workload) -> Optional[ContainerNames]:
         if self.runtime_names is None:

@@ -82,7 +82,7 @@ TRAIN_0_UID = "0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f"  # ml/train-0 of fixtures/g
 
 def jobset_scrapes() -> tuple[str, str]:
     """/metrics of the golden k8s-runc node as the agent serves it when the API server says ml/train-0 is a worker
-    of JobSet `train` (its pod object through the real PodIndex): before the kernel log is read (every counter
+    of JobSet `train` (its pod object as the pod source emits it): before the kernel log is read (every counter
     at 0) and after (the real group kill of its trainer container)."""
     from oomwatch.node import NodePosture
     from oomwatch.pipeline import Settings
@@ -91,19 +91,17 @@ def jobset_scrapes() -> tuple[str, str]:
     from oomwatch.sources.statcache import StatCache
     from oomwatch.node import scraped_workloads
     from oomwatch.workloads import WorkloadResolver
-    from oomwatch.workloads.kubeapi import PodIndex
     from oomwatch.workloads.runtime import RuntimeNames
     from tests.conftest import BOOT_TIME, DETECTED_AT
-    from tests.replay import Replay, saved_log_events, tree_events
+    from tests.replay import Replay, pods_listed, saved_log_events, tree_events
     from tests.test_golden import golden_config
 
     config = golden_config(GOLDEN, Path("/nonexistent"))
-    index = PodIndex("gpu-1", client=None)
-    index.apply("ADDED", {"metadata": {
+    pods = pods_listed({"metadata": {
         "namespace": "ml", "name": "train-0", "uid": TRAIN_0_UID,
         "labels": {"jobset.sigs.k8s.io/jobset-name": "train"},
         "ownerReferences": [{"kind": "Job", "name": "train-workers-0", "controller": True, "uid": "j"}]}})
-    resolver = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir), index)
+    resolver = WorkloadResolver(RuntimeNames(run_root=config.run_root, pod_log_root=config.pod_log_dir))
     posture = NodePosture(config, Proc(config.proc))
     replay = Replay(Settings(boot_id=Proc(config.proc).boot_id(), boot_time=BOOT_TIME, kmsg_source=None,
                              counting=False), now=DETECTED_AT, resolver=resolver,
@@ -116,6 +114,7 @@ def jobset_scrapes() -> tuple[str, str]:
                                  lambda: posture.info_with(view.single_process_oom_kill),
                                  workloads=lambda: view.workloads).exposition().decode()
 
+    replay.step(pods)  # the pod source's first list
     replay.run(tree_events(GOLDEN / "cgroup", GOLDEN / "run", GOLDEN / "pods"))
     before = scrape()
     replay.run(saved_log_events(GOLDEN / "kmsg"))

@@ -1689,6 +1689,8 @@ SCENARIOS = [
     *__import__("holders_scenario").SCENARIOS,
     # deaths that look like memory deaths (issue 22): userspace, kernel-oom, not-oom (tests/e2e/guest/deaths_scenario.py)
     *__import__("deaths_scenario").SCENARIOS,
+    *__import__("late_bundle_scenario").SCENARIOS,  # a bundle written after its cgroup (issue 29)
+    *__import__("calm_floor_scenario").SCENARIOS,  # calm single kills beside the floor (issue 30)
     # the global OOM last but one, Prometheus after it, so that it never is the global OOM killer's victim
     GlobalOom,
     PrometheusDashboard,

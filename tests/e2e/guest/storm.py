@@ -14,6 +14,7 @@ import signal
 import subprocess
 import time
 
+import floorwatch  # noqa: E402 (this directory is on sys.path)
 import __main__ as driver  # imported by tests/e2e/guest/driver.py, which runs as the guest's main script
 
 CG, Scenario, cg_enable, hexid, jdump = driver.CG, driver.Scenario, driver.cg_enable, driver.hexid, driver.jdump
@@ -129,8 +130,8 @@ class Storm(Scenario):
         be seen, on the same clock as the agent's detected_at."""
         if not self.floor_binary:
             return None
-        events = [f"{CG}{cg}/memory.events" for cg in self.cgroups]
-        return subprocess.Popen([self.floor_binary, f"{self.dir}/floor.txt", *events], stdin=subprocess.DEVNULL)
+        return floorwatch.start(self.floor_binary, f"{self.dir}/floor.txt",
+                                [f"{CG}{cg}/memory.events" for cg in self.cgroups])
 
     def act(self):
         ctx = self.ctx
@@ -141,8 +142,7 @@ class Storm(Scenario):
             self.rounds(ctx)
         finally:
             if floor is not None:
-                floor.terminate()
-                floor.wait()
+                floorwatch.stop(floor)
 
     def rounds(self, ctx):
         rounds = []

@@ -1,0 +1,117 @@
+"""Identity read more than once (issue 29 item 2): a container whose runtime bundle is written after its cgroup
+appears (the read at its appearance finds nothing) is read again when it gets its first process, and when a kill
+in it needs its names: the pipeline asks (Effects.read_names), the cgroup source reads the bundle and answers
+(NamesRead), and the incident waits for that answer a bounded time (NAMES_WAIT_SECONDS). Fixture trees: the
+golden k8s-runc node (its `dd` in container `trainer` of pod ml/train-0 is OOM-killed), its bundles copied in
+only when the test says the runtime wrote them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from oomwatch.events import CgroupAdded, CgroupChanged, KernelLog, NamesRead, Stop
+from oomwatch.stages.identity import NAMES_WAIT_SECONDS
+from tests.conftest import FIXTURES, raw_records
+from tests.replay import RecordedTree, Replay, live_reads, live_settings
+
+K8S = FIXTURES / "golden" / "k8s-runc"
+CONTAINER = ("/kubepods/burstable/pod0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f/"
+             "4f2a9c1e7b3d5a6c8e0f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d")
+TRAINER = ("ml", "train-0", "trainer", "")  # the container's series labels, named from its bundle
+BOOT = 1_000.0
+
+
+class Node:
+    """The golden node's tree, read by the real cgroup source while the runtime's bundles are not written yet."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        shutil.copytree(K8S / "cgroup", tmp_path / "cgroup")
+        self.run = tmp_path / "run"
+        self.run.mkdir()
+        self.recorded = RecordedTree(tmp_path / "cgroup", self.run)
+        self.replay = Replay(live_settings(counting=False, read_names=True), now=BOOT)
+        self.found = self.recorded.start()
+        self.replay.run(self.found)
+
+    def bundles_written(self) -> None:
+        shutil.copytree(K8S / "run", self.run, dirs_exist_ok=True)
+
+    def killed(self) -> None:
+        """The kernel log with the kill, read to its end, and time past its quiet windows."""
+        for items in live_reads(raw_records(K8S / "kmsg")):
+            self.replay.step(KernelLog(items, drained_at=BOOT + 1.0), BOOT + 1.0)
+        self.replay.advance_to(BOOT + 3.0)
+
+    def labels(self) -> set:
+        return {labels for path, labels, _ in self.replay.pipeline.view().workloads if path == CONTAINER}
+
+
+def test_the_read_at_appearance_finds_no_bundle(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    [added] = [e for e in node.found if isinstance(e, CgroupAdded) and e.path == CONTAINER]
+    assert added.names is None
+    assert node.labels() == {("", "", "", CONTAINER)}  # a workload without names: its series says its cgroup
+    node.recorded.close()
+
+
+def test_a_bundle_written_later_is_read_at_the_first_process(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.bundles_written()
+    [changed] = [e for e in node.recorded.populated(CONTAINER) if isinstance(e, CgroupChanged)]
+    assert changed.names is not None and (changed.names.namespace, changed.names.pod) == ("ml", "train-0")
+    node.replay.step(changed, BOOT + 0.5)
+    assert node.labels() == {TRAINER}
+    assert node.recorded.populated(CONTAINER)[0].names is None  # named now: not read again
+    node.recorded.close()
+
+
+def test_a_kill_asks_for_the_names_and_its_incident_waits_for_them(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.killed()
+    # complete, and waiting for the names it asked for
+    assert node.replay.names_asked == [CONTAINER] and node.replay.published == []
+    node.bundles_written()  # (the runtime wrote it late: it is there when the kill needs it)
+    [answer] = node.recorded.read_names(CONTAINER)
+    assert isinstance(answer, NamesRead) and answer.names is not None
+    answered_at = node.replay.now + 0.01
+    node.replay.step(answer, answered_at)
+    [incident] = node.replay.published
+    assert (incident.workload.namespace, incident.workload.pod, incident.workload.container) == (
+        "ml", "train-0", "trainer")
+    assert "train-0" in incident.explanation and incident.detected_at == answered_at
+    assert node.labels() == {TRAINER}
+    node.recorded.close()
+
+
+def test_names_that_never_come_are_waited_for_a_bounded_time(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.killed()
+    waited_until = node.replay.pipeline.next_deadline()
+    assert node.replay.published == [] and BOOT + 1.0 + NAMES_WAIT_SECONDS <= waited_until
+    assert waited_until <= BOOT + 3.0 + NAMES_WAIT_SECONDS
+    node.replay.settle()
+    [incident] = node.replay.published
+    assert incident.workload.pod is None and incident.detected_at == waited_until
+    node.recorded.close()
+
+
+def test_a_bundle_that_is_gone_answers_at_once(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.killed()
+    [answer] = node.recorded.read_names(CONTAINER)
+    assert answer == NamesRead(CONTAINER, None)
+    node.replay.step(answer, node.replay.now + 0.01)
+    [incident] = node.replay.published
+    assert incident.workload.pod is None
+    node.recorded.close()
+
+
+def test_a_stop_publishes_an_incident_waiting_for_its_names(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.killed()
+    assert node.replay.published == []
+    node.replay.step(Stop(), node.replay.now + 0.01)  # nothing would answer any more
+    [incident] = node.replay.published
+    assert incident.workload.pod is None and node.replay.done
+    node.recorded.close()
