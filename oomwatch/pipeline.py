@@ -62,8 +62,8 @@ class Pipeline:
         self._log = KernelLogStage(context, self._posture.explain, now)
         self._identity = IdentityStage(context, self._posture.explain)
         self.deaths = DeathsStage(context, self._log.view(), self._identity.view(), now)
-        self._counts = CountsStage(context, self._log.view(), self._identity.view(), self._posture.explain, now=now,
-                                   accounts=accounts, state_error=state_error)
+        self._counts = CountsStage(context, self._log.view(), self._posture.explain, now=now, accounts=accounts,
+                                   state_error=state_error)
         self._log.counted_by(self._counts.counted())
         # The order the stages take an event in: the kernel log's before the deaths it may explain, what a
         # workload was (deaths) before its identity is forgotten, the counts last (they save what the others did).

@@ -12,7 +12,6 @@ from oomwatch.events import CgroupAdded, CgroupRemoved, KernelLogEnded, StateSav
 from oomwatch.model import Incident
 from oomwatch.reconcile import Reconciler, counted_incident
 from oomwatch.stages import Context, CountersMoved, DeathCounted, Due, Effects, Named, Published
-from oomwatch.stages.identity import IdentityView
 from oomwatch.stages.kernellog import KernelLogView
 
 VIEWS = ("CountedKillsView",)
@@ -24,11 +23,10 @@ SAVE_INTERVAL = 1.0
 class CountsStage:
     TAKES = (Named, CgroupAdded, CountersMoved, CgroupRemoved, DeathCounted, KernelLogEnded, StateSaved, Stop)
 
-    def __init__(self, context: Context, log: KernelLogView, identity: IdentityView, explain: Callable[[Incident], str],
-                 *, now: float, accounts: Optional[dict], state_error: Optional[str]) -> None:
+    def __init__(self, context: Context, log: KernelLogView, explain: Callable[[Incident], str], *, now: float,
+                 accounts: Optional[dict], state_error: Optional[str]) -> None:
         self._context = context
         self._log = log
-        self._identity = identity  # incidents on their way here, waiting for names
         self._explain = explain
         self._now = now
         self.reconciler = Reconciler(self._counted_incident)
@@ -100,8 +98,6 @@ class CountsStage:
         if not reconciler.pending():
             return []
         settles_at = reconciler.settles_at()
-        if self._identity.holding():
-            return []  # an incident waiting for its names may be what the counters moved for: it comes here first
         if settles_at is not None and settles_at <= log.drained_at:
             found = reconciler.reconcile(now, log.drained_at)
             if found:
@@ -136,10 +132,7 @@ class CountsStage:
         """The state file's content: the store, the cursor and the reconciler's accounts."""
         settings, store = self._context.settings, self._context.store
         kind = "file" if settings.saved_log else (settings.kmsg_source or "kmsg")
-        cursor, held = self._log.cursor(), self._identity.held_since_seq()
-        if held is not None:  # read again after a restart: an incident waiting for names is not published yet
-            cursor = held - 1 if cursor is None else min(cursor, held - 1)
-        store.set_cursor(settings.boot_id, cursor, kind)
+        store.set_cursor(settings.boot_id, self._log.cursor(), kind)
         state = store.to_state()
         state["accounts"] = self.reconciler.to_state()
         return state

@@ -105,7 +105,7 @@ class IdentityStage:
         self._over_cap: dict[str, None] = {}
 
     def view(self) -> "IdentityView":
-        return IdentityView(self._identities, self._pods, self._held)
+        return IdentityView(self._identities, self._pods)
 
     def exported(self) -> tuple:
         """(cgroup, series labels, identity) of each exported workload, in constant time (cowmap)."""
@@ -314,24 +314,14 @@ def _unnamed(workloads: tuple[Workload, ...]) -> frozenset:
 
 
 class IdentityView:
-    """Which workload each workload cgroup is, and what the pod source said of each pod (for the deaths stage), and
-    the incidents waiting here for names (for the counts stage: neither counted nor past the cursor yet), read-only."""
+    """Which workload each workload cgroup is, and what the pod source said of each pod, read-only (for the
+    deaths stage)."""
 
-    __slots__ = ("_identities", "_pods", "_held")
+    __slots__ = ("_identities", "_pods")
 
-    def __init__(self, identities: dict[str, Workload], pods: PodTable, held: deque) -> None:
+    def __init__(self, identities: dict[str, Workload], pods: PodTable) -> None:
         self._identities = identities
         self._pods = pods
-        self._held = held
-
-    def holding(self) -> bool:
-        """Incidents complete in the log wait here for names: what memory.events counted may be theirs."""
-        return bool(self._held)
-
-    def held_since_seq(self) -> Optional[int]:
-        """The first kernel record of the incidents waiting for names (a restart must read from there again)."""
-        seqs = [held.incident.kernel_seq for held in self._held if held.incident.kernel_seq is not None]
-        return min(seqs) if seqs else None
 
     def identity_of(self, path: Optional[str]) -> Optional[Workload]:
         return self._identities.get(path) if path is not None else None
