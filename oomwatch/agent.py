@@ -139,6 +139,8 @@ class Agent:
             for sink in [self.state, *self.sinks]:  # the state first: a line never precedes what counts it
                 sink.flush(fx.save)
             self._apply(self.pipeline.step(StateSaved(self.state.error), self.clock()))
+        for path in fx.read_names:  # by the source that reads bundles, stepped at once (not behind a storm's queue)
+            self._apply(self.pipeline.step(self.cgroups.read_names(path), self.clock()))
         if fx.wake_kernel_log:
             self.kernel_log.wake()
         if fx.fatal:
@@ -227,8 +229,6 @@ def apply_deaths(agent: Agent, fx: Effects) -> None:
         agent.events.put(OomdMarksRead(path, *oomd_marks(agent.fs.abspath(path))))
     for ray in fx.read_ray_logs:  # through a live process of the container: at once, before it stops too
         agent.events.put(raylet_log_read(ray.key, agent.fs.abspath(ray.cgroup), agent.config.proc))
-    for path in fx.read_names:  # by the source that reads the bundles, at once: they go with their container
-        agent.cgroups.read_names(path)
 
 
 def health_of(agent: Agent) -> tuple[bool, dict]:

@@ -22,7 +22,7 @@ from oomwatch.nodestate import NodeState
 from oomwatch.stages import Context, Effects, LogRequest, RayLogRequest, Settings, Stage
 from oomwatch.stages.counts import SAVE_INTERVAL, CountsStage
 from oomwatch.stages.deaths import POD_STATUS_WAIT_SECONDS, RAY_LOG_WAIT_SECONDS, DeathsStage
-from oomwatch.stages.identity import IdentityStage
+from oomwatch.stages.identity import IdentityStage, NamedLogView
 from oomwatch.stages.kernellog import KernelLogStage
 from oomwatch.stages.posture import PostureStage
 from oomwatch.events import Stop, Tick
@@ -60,10 +60,11 @@ class Pipeline:
         context = Context(settings, store, resolver, self.node)
         self._posture = PostureStage(single_process_oom_kill)
         self._log = KernelLogStage(context, self._posture.explain, now)
-        self._identity = IdentityStage(context, self._posture.explain)
+        self._identity = IdentityStage(context, self._log.view(), self._posture.explain)
         self.deaths = DeathsStage(context, self._log.view(), self._identity.view(), now)
-        self._counts = CountsStage(context, self._log.view(), self._posture.explain, now=now, accounts=accounts,
-                                   state_error=state_error)
+        # (the log as counted: not drained past an incident the identity stage holds for its names)
+        self._counts = CountsStage(context, NamedLogView(self._log, self._identity), self._posture.explain,
+                                   now=now, accounts=accounts, state_error=state_error)
         self._log.counted_by(self._counts.counted())
         # The order the stages take an event in: the kernel log's before the deaths it may explain, what a
         # workload was (deaths) before its identity is forgotten, the counts last (they save what the others did).

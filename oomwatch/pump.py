@@ -52,6 +52,9 @@ class KernelLogPump:
         self.reads = 0
         self._thread: Optional[threading.Thread] = None
         self.last_seq: Optional[int] = None
+        # A batch read to the log's end has been handed on (not only held): the backlog a start found is on the
+        # agent's queue, for the /healthz that waits for it (issue 30 item 4: "healthy once the backlog is read").
+        self.backlog_read = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="kmsg-pump", daemon=True)
@@ -65,6 +68,7 @@ class KernelLogPump:
             self._reopen = reopen
             for event in self._held:
                 emit(event)
+                self._handed(event)
             self._held = []
             self._emit = emit
 
@@ -74,6 +78,11 @@ class KernelLogPump:
                 self._held.append(event)
             else:
                 self._emit(event)
+                self._handed(event)
+
+    def _handed(self, event: Any) -> None:
+        if getattr(event, "drained_at", None) is not None:
+            self.backlog_read = True
 
     def wake(self) -> None:
         """Read now (a memory.events oom_kill move: the cue for a syslog(2) reader)."""

@@ -88,9 +88,9 @@ class RecordedTree:
         return self._take()
 
     def read_names(self, path: str) -> list[Any]:
-        """What the agent does for the pipeline's Effects.read_names: the source reads the bundle again."""
-        self.source.read_names(path)
-        return self._take()
+        """What the agent does for the pipeline's Effects.read_names: the source reads the bundle again (and the
+        agent steps its answer at once)."""
+        return [self.source.read_names(path)] + self._take()
 
     def close(self) -> None:
         self.watcher.close()

@@ -115,3 +115,30 @@ def test_a_stop_publishes_an_incident_waiting_for_its_names(tmp_path: Path) -> N
     [incident] = node.replay.published
     assert incident.workload.pod is None and node.replay.done
     node.recorded.close()
+
+
+def test_an_incident_waiting_for_its_names_is_not_counted_again_from_memory_events(tmp_path: Path) -> None:
+    """memory.events counted the kill before the log printed it; the incident waits for its names past the
+    counters' settle time, the log read to its end meanwhile: the counts stage must not take the kill for one no
+    record describes (its lines are accounted only once it is named and published)."""
+    events = tmp_path / "cgroup" / CONTAINER.lstrip("/") / "memory.events.local"
+    shutil.copytree(K8S / "cgroup", tmp_path / "cgroup")
+    counted = events.read_text()  # the kernel's counters after the kill: oom_kill 3, oom_group_kill 1
+    events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+    recorded = RecordedTree(tmp_path / "cgroup", tmp_path / "run")
+    replay = Replay(live_settings(read_names=True), now=BOOT)
+    replay.run(recorded.start())
+    replay.step(KernelLog([], drained_at=BOOT))
+    events.write_text(counted)
+    replay.run(recorded.changed(CONTAINER), now=BOOT + 0.5)
+    for items in live_reads(raw_records(K8S / "kmsg")):
+        replay.step(KernelLog(items, drained_at=BOOT + 1.0), BOOT + 1.0)
+    for now in (BOOT + 3.0, BOOT + 4.0, BOOT + 5.0):  # past the settle time, the log read to its end each time
+        replay.advance_to(now)
+        replay.step(KernelLog([], drained_at=now), now)
+    assert replay.names_asked == [CONTAINER] and replay.published == []
+    replay.settle()
+    [incident] = replay.published
+    assert incident.evidence == "kmsg" and incident.kind == "group"
+    assert len(replay.pipeline.view().store.incidents) == 1  # (nothing counted from memory.events)
+    recorded.close()

@@ -121,11 +121,11 @@ class CgroupSource:
         names = self._names(path)
         return names if names is not None and names.pod is not None else None
 
-    def read_names(self, path: str) -> None:
+    def read_names(self, path: str) -> NamesRead:
         """A kill in the container cgroup `path` needs its names (the pipeline asked): read its bundle now, while
-        it still exists, and emit what it said (NamesRead; None: nothing)."""
+        it still exists; what it said (None: nothing), for the agent to step at once."""
         self._unnamed.add(path)
-        self._emit(NamesRead(path, self._names_again(path)))
+        return NamesRead(path, self._names_again(path))
 
     # --- watcher callbacks (the watcher's thread) -----------------------------------------------------------
 

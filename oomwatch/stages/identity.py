@@ -19,9 +19,10 @@ from oomwatch.events import (CgroupAdded, CgroupChanged, CgroupRemoved, NamesRea
 from oomwatch.model import ContainerNames, Incident, PodInfo, Workload
 from oomwatch.nodestate import is_workload
 from oomwatch.stages import Context, CountersMoved, Due, Effects, Named
+from oomwatch.stages.kernellog import KernelLogView
 from oomwatch.store import Labels
 
-VIEWS = ("IdentityView",)
+VIEWS = ("IdentityView", "NamedLogView")
 
 # An incident whose names are not known when it is complete waits this long at most for them: the bundle's names
 # the cgroup source reads again at once (Effects.read_names), or the pod source's first list (an agent that just
@@ -89,8 +90,9 @@ class IdentityStage:
     TAKES = (CgroupAdded, CgroupChanged, CgroupRemoved, PodsListed, PodUpdated, PodDeleted, NamesRead,
              ProcessForked, ProcessExeced, Due, Stop)
 
-    def __init__(self, context: Context, explain: Callable[[Incident], str]) -> None:
+    def __init__(self, context: Context, log: KernelLogView, explain: Callable[[Incident], str]) -> None:
         self._context = context
+        self._log = log
         self._explain = explain
         self._pods = PodTable()
         context.resolver.pods = self._pods.get  # what names a pod: this stage's table, nothing read live
@@ -99,6 +101,10 @@ class IdentityStage:
         # An incident waited its whole time for the first pod list, which did not come (the API server refuses,
         # or is down): later ones do not wait for it until it comes.
         self._list_overdue = False
+        # How far the log was drained, and its cursor, when this stage last held no incident: while it holds one,
+        # what the counts stage sees (NamedLogView) stops there, as it does while the kernel-log stage holds one.
+        self._drained_at = log.drained_at
+        self._cursor = log.cursor()
         self._identities: dict[str, Workload] = {}
         self._rows = CowMap()  # what view() shows: cgroup → (cgroup, labels, identity) of each exported workload
         # Workload cgroups the full store could not take, in the order they came (exported when it can, first first)
@@ -298,7 +304,10 @@ class IdentityStage:
             for path in list(self._over_cap):
                 self._export(path, self._context.node.workloads[path], fx)
             fx.changed = True
-        return self._release(now)  # (incidents whose wait for names is over)
+        released = self._release(now)  # (incidents whose wait for names is over)
+        if not self._held:
+            self._drained_at, self._cursor = self._log.drained_at, self._log.cursor()
+        return released
 
     def next_deadline(self) -> Optional[float]:
         expiry = self._context.store.next_expiry()
@@ -311,6 +320,27 @@ def _unnamed(workloads: tuple[Workload, ...]) -> frozenset:
     """The container cgroups among these workloads that no bundle has named yet (to be read again)."""
     return frozenset(w.cgroup for w in workloads if w.type == "k8s-container" and w.container_id and not w.sandbox
                      and None in (w.pod, w.namespace, w.container))
+
+
+class NamedLogView(KernelLogView):
+    """The kernel log as the counts stage sees it: read to its end with everything it described counted, so not
+    past an incident that waits in the identity stage for its names (its kill lines are not accounted yet: the
+    reconciler would count them again from memory.events), and a restart's cursor before it."""
+
+    __slots__ = ("_identity",)
+
+    def __init__(self, log: Any, identity: IdentityStage) -> None:
+        super().__init__(log)
+        self._identity = identity
+
+    @property
+    def drained_at(self) -> float:
+        drained_at = super().drained_at
+        return min(self._identity._drained_at, drained_at) if self._identity._held else drained_at
+
+    def cursor(self) -> Optional[int]:
+        cursor, held = super().cursor(), self._identity._cursor
+        return cursor if not self._identity._held or held is None or cursor is None else min(held, cursor)
 
 
 class IdentityView:

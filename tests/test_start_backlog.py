@@ -1,0 +1,62 @@
+"""The kernel-log pump says when the backlog a start found has been handed on (issue 30 item 4: "healthy once the
+backlog is read"): only a batch read to the log's end and given to the agent counts, not one held before the
+agent adopted the pump, nor one the reader child sent before it reached the end."""
+
+from __future__ import annotations
+
+import select
+
+from oomwatch.pump import KernelLogPump
+from oomwatch.sources.logitems import CaughtUp, Lost
+from tests.conftest import SeqpacketKmsg, wait_for
+from tests.test_agent import SCENARIOS, seq_of
+
+
+class ChildLikeReader:
+    """As sources.kmsgproc.KmsgChild: its batches say (CaughtUp) when the child last read /dev/kmsg to its end."""
+
+    reports_caught_up = True
+
+    def __init__(self, batches: list[list]) -> None:
+        self.batches = batches
+
+    def read_available(self):
+        return self.batches.pop(0) if self.batches else []
+
+    def wait(self, timeout, wake_fd=None) -> bool:
+        return bool(select.select([wake_fd], [], [], timeout)[0])
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_backlog_held_before_the_agent_adopts_the_pump_is_read_once_handed_on() -> None:
+    kmsg = SeqpacketKmsg()
+    kmsg.send(SCENARIOS)
+    reader = kmsg.factory("/dev/kmsg")
+    reader.open()
+    pump = KernelLogPump(reader)
+    pump.start()
+    try:
+        assert wait_for(lambda: pump.last_seq == seq_of(SCENARIOS[-1]))  # read to the end, and held
+        assert not pump.backlog_read
+        emitted: list = []
+        pump.adopt(emitted.append, lambda after_seq: None)
+        assert emitted and pump.backlog_read
+    finally:
+        pump.stop()
+
+
+def test_a_batch_the_reader_child_sent_before_it_reached_the_end_is_not_the_backlog_read() -> None:
+    reader = ChildLikeReader([[Lost(3)], [CaughtUp(5.0)]])
+    emitted: list = []
+    pump = KernelLogPump(reader, emitted.append)
+    pump.start()
+    try:
+        assert wait_for(lambda: len(emitted) == 1)
+        assert emitted[0].drained_at is None and not pump.backlog_read
+        pump.wake()  # the child's next frame: it has read to the end
+        assert wait_for(lambda: pump.backlog_read)
+        assert [(e.items, e.drained_at) for e in emitted[1:]] == [([], 5.0)]
+    finally:
+        pump.stop()
