@@ -262,3 +262,22 @@ def test_a_group_kill_complete_by_the_counters_waits_briefly_for_an_exit_not_yet
     replay.advance_to(BOOT + 0.03 + EXITS_AFTER_EMPTY)
     (group,) = replay.published
     assert group.died_with == ({"pid": 7002, "cgroup": "/b", "signal": 9},)
+
+
+def test_a_kill_waiting_for_its_names_is_not_counted_again_from_memory_events() -> None:
+    """An incident complete in the log waits in the identity stage for its container's names (the bundle read
+    again): memory.events has counted its kill meanwhile. The counts stage reconciles only once it has come, so
+    the kill is one incident, not one from the log and one from memory.events (the storm of 03:32 UTC counted a
+    container's kill twice so after the agent's restart), and the cursor stays before it until it is published."""
+    container = "/kubepods/burstable/pod1f602e8c-0a49-40ea-817d-80e6c4d5d455/" + "3d" * 32
+    replay = Replay(live_settings(boot_time=BOOT, read_names=True), now=BOOT)
+    replay.step(CgroupAdded(container, 9, {"oom_kill": 0, "oom_group_kill": 0}, 0, True, (500,)))
+    replay.step(CgroupChanged(container, 9, {"max": 1, "oom": 1, "oom_kill": 1, "oom_group_kill": 0}, 0, True),
+                now=BOOT + 0.01)
+    fx = replay.step(KernelLog(records(killed(40, 1_000, 500, "python3")), drained_at=BOOT + 0.02), BOOT + 0.02)
+    assert replay.published == [] and fx.read_names == [container]  # its names asked for, not answered
+    assert replay.pipeline.state()["cursor_seq"] in (None, 39)  # read again after a restart
+    replay.advance_to(BOOT + 4.0)  # long past the counters' settle time, the log read to its end
+    assert replay.published == []
+    replay.settle()
+    assert [(i.evidence, i.victim.pid if i.victim else None) for i in replay.published] == [("kmsg", 500)]

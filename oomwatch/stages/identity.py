@@ -340,7 +340,11 @@ class NamedLogView(KernelLogView):
 
     def cursor(self) -> Optional[int]:
         cursor, held = super().cursor(), self._identity._cursor
-        return cursor if not self._identity._held or held is None or cursor is None else min(held, cursor)
+        if not self._identity._held:
+            return cursor
+        if held is None:  # nothing was published before what waits: a restart reads the log from its start
+            return None
+        return held if cursor is None else min(held, cursor)
 
 
 class IdentityView:
