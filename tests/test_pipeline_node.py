@@ -152,18 +152,26 @@ def test_proc_cgroup_paths_inside_a_cgroup_namespace_are_made_absolute(tmp_path:
     assert incident.victim.cgroup == "/kubepods/burstable/podB/ctr"
 
 
-def test_group_kill_lists_processes_that_died_unlogged(tmp_path: Path) -> None:
-    """As when a group kill takes a container's PID 1: the kernel logs two kills, a third process of the group
-    dies by SIGKILL without a line; the proc connector's exit names it. A single kill right after may not
-    overtake the group kill waiting for its witnesses."""
+def golden_node(tmp_path: Path, procs_b: str) -> tuple[Replay, RecordedTree, Path, ProcessSource, list]:
+    """The golden tree's cgroup source (its /b holding `procs_b`) and proc connector beside a live pipeline
+    (witness wait 0.5 s), the tree as found stepped in: /b's first reading counts oom_kill 4, oom_group_kill 1
+    (kills before ours). The connector's events gather in the list returned."""
     tree = tmp_path / "cgroup"
     shutil.copytree(GOLDEN / "cgroup", tree)
-    (tree / "b" / "cgroup.procs").write_text("7000\n7001\n7002\n")  # seen alive in /b at start
+    (tree / "b" / "cgroup.procs").write_text(procs_b)
     recorded = RecordedTree(tree)
     processes: list = []
     connector = ProcessSource(Proc(str(GOLDEN / "proc")), processes.append)
     replay = Replay(live_settings(boot_time=BOOT, witness_wait=0.5), now=BOOT)
     replay.run(recorded.start())
+    return replay, recorded, tree, connector, processes
+
+
+def test_group_kill_lists_processes_that_died_unlogged(tmp_path: Path) -> None:
+    """As when a group kill takes a container's PID 1: the kernel logs two kills, a third process of the group
+    dies by SIGKILL without a line; the proc connector's exit names it. A single kill right after may not
+    overtake the group kill waiting for its witnesses."""
+    replay, recorded, _, connector, processes = golden_node(tmp_path, "7000\n7001\n7002\n")  # alive in /b
     recorded.close()
     replay.step(KernelLog(records(killed(10, 1_000, 7001, "python3"), tasks_in(11, 1_001, "/b"),
                                   killed(12, 1_002, 7000, "sh")), drained_at=BOOT + 0.01), BOOT + 0.01)
@@ -187,14 +195,7 @@ def test_group_kill_lists_processes_that_died_unlogged(tmp_path: Path) -> None:
 def test_a_process_never_seen_in_a_cgroup_gets_it_from_its_parent(tmp_path: Path) -> None:
     """A global OOM gives no memory.events warning to snapshot pids on: the container's init is remembered
     when its cgroup becomes populated (cgroup.events), and what it forks later inherits that cgroup."""
-    tree = tmp_path / "cgroup"
-    shutil.copytree(GOLDEN / "cgroup", tree)
-    (tree / "b" / "cgroup.procs").write_text("")
-    recorded = RecordedTree(tree)
-    processes: list = []
-    connector = ProcessSource(Proc(str(GOLDEN / "proc")), processes.append)
-    replay = Replay(live_settings(boot_time=BOOT, witness_wait=0.5), now=BOOT)
-    replay.run(recorded.start())
+    replay, recorded, tree, connector, processes = golden_node(tmp_path, "")
     (tree / "b" / "cgroup.procs").write_text("8000\n")
     populated = recorded.populated("/b")
     recorded.close()
@@ -214,14 +215,7 @@ def test_a_process_never_seen_in_a_cgroup_gets_it_from_its_parent(tmp_path: Path
 
 def emptied_group(tmp_path: Path) -> tuple[Replay, RecordedTree, Path, ProcessSource, list]:
     """/b (memory.oom.group=1) holds 7000, 7001 and 7002; the kernel kills 7001 and lists 7000."""
-    tree = tmp_path / "cgroup"
-    shutil.copytree(GOLDEN / "cgroup", tree)
-    (tree / "b" / "cgroup.procs").write_text("7000\n7001\n7002\n")
-    recorded = RecordedTree(tree)
-    processes: list = []
-    connector = ProcessSource(Proc(str(GOLDEN / "proc")), processes.append)
-    replay = Replay(live_settings(boot_time=BOOT, witness_wait=0.5), now=BOOT)
-    replay.run(recorded.start())  # /b's first reading: oom_kill 4, oom_group_kill 1 (kills before ours)
+    replay, recorded, tree, connector, processes = golden_node(tmp_path, "7000\n7001\n7002\n")
     replay.step(KernelLog(records(killed(10, 1_000, 7001, "python3"), tasks_in(11, 1_001, "/b"),
                                   killed(12, 1_002, 7000, "sh")), drained_at=BOOT + 0.01), BOOT + 0.01)
     (tree / "b" / "memory.events.local").write_text("low 0\nhigh 0\nmax 40\noom 2\noom_kill 6\noom_group_kill 2\n")
