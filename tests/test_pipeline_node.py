@@ -275,3 +275,29 @@ def test_a_kill_waiting_for_its_names_is_not_counted_again_from_memory_events() 
     assert replay.published == []
     replay.settle()
     assert [(i.evidence, i.victim.pid if i.victim else None) for i in replay.published] == [("kmsg", 500)]
+
+
+def test_a_process_that_died_unlogged_before_the_group_was_read_again_is_still_waited_for(tmp_path: Path) -> None:
+    """A group kill took 7002 down without a line (its pid namespace torn down) before the reading after the kill,
+    which holds only 7000: the listing is whole (7001 and 7000 named), but 7002, in the reading before the kill,
+    has no exit yet: the incident waits for it (the real-kernel tier's dashboard scenario of 03:59 UTC published
+    such a kill without the two processes that died with it)."""
+    replay, recorded, tree, connector, processes = golden_node(tmp_path, "7000\n7001\n7002\n")
+    (tree / "b" / "memory.events.local").write_text("low 0\nhigh 0\nmax 40\noom 2\noom_kill 4\noom_group_kill 1\n")
+    replay.run(recorded.changed("/b"), now=BOOT + 0.005)  # at its limit: 7000, 7001 and 7002 read again
+    (tree / "b" / "memory.events.local").write_text("low 0\nhigh 0\nmax 40\noom 2\noom_kill 6\noom_group_kill 2\n")
+    (tree / "b" / "cgroup.procs").write_text("7000\n")
+    after = recorded.changed("/b")  # the group kill counted: who the listing will name
+    recorded.close()
+    assert [e.pids for e in after] == [{"/b": (7000,)}]
+    replay.run(after, now=BOOT + 0.008)
+    replay.step(KernelLog(records(killed(10, 1_000, 7001, "python3"), tasks_in(11, 1_001, "/b"),
+                                  killed(12, 1_002, 7000, "sh")), drained_at=BOOT + 0.01), BOOT + 0.01)
+    replay.advance_to(BOOT + 0.3)
+    assert replay.published == []  # the listing is whole, but 7002's exit has not come
+    connector.exited(ProcessExit(pid=7002, signal=9, time=BOOT + 0.35))
+    replay.run(processes, now=BOOT + 0.35)
+    replay.settle()
+    (group,) = replay.published
+    assert [p.pid for p in group.killed] == [7001, 7000]
+    assert group.died_with == ({"pid": 7002, "cgroup": "/b", "signal": 9},)

@@ -63,8 +63,9 @@ class KernelLogStage:
         # it was removed; when: once its pids were read, else the loop's time). A group kill whose group is empty
         # has printed its whole listing.
         self._emptied: OrderedDict[str, tuple[Optional[int], float]] = OrderedDict()
-        # Each cgroup's pids as last read while it held some: (its oom_group_kill read just before, the pids, when)
-        self._pids_seen: OrderedDict[str, tuple[int, frozenset[int], float]] = OrderedDict()
+        # Each cgroup's pids as last read while it held some: (its oom_group_kill read just before, the pids, when,
+        # the pids of the reading before)
+        self._pids_seen: OrderedDict[str, tuple[int, frozenset[int], float, frozenset[int]]] = OrderedDict()
 
     def counted_by(self, counted: CountedKills) -> None:
         """The counts stage's read-only view (given after both exist: each waits on the other)."""
@@ -89,7 +90,8 @@ class KernelLogStage:
         elif isinstance(event, CgroupAdded):
             self.readings.added(event.path)
             if event.pids and event.local is not None and "oom_group_kill" in event.local:
-                _remember(self._pids_seen, event.path, (event.local["oom_group_kill"], frozenset(event.pids), now))
+                _remember(self._pids_seen, event.path,
+                          (event.local["oom_group_kill"], frozenset(event.pids), now, frozenset()))
         elif isinstance(event, CgroupChanged):
             self._changed(event, now, fx)
         elif isinstance(event, CgroupRemoved):
@@ -233,25 +235,36 @@ class KernelLogStage:
           kernel lists the processes the group holds, so none is left to list;
         - or it held none (or the cgroup is removed), and the log was read to its end after that reading: nothing
           is left to kill, and each member's line is printed before it can exit."""
-        accounted = self._counted.accounted_group_kills(group) if self._counted is not None else None
-
-        def after_the_kills(group_kills: Optional[int]) -> bool:
-            return group_kills is None or (accounted is not None and group_kills - accounted >= kills)
-
         seen = self._pids_seen.get(group)
-        if seen is not None and after_the_kills(seen[0]) and not self.witness.unaccounted(seen[1], named, seen[2]):
+        if (seen is not None and self._after_the_kills(group, kills, seen[0])
+                and not self.witness.unaccounted(seen[1], named, seen[2])):
             return True
         emptied = self._emptied.get(group)
-        return emptied is not None and after_the_kills(emptied[0]) and self._read_started >= emptied[1]
+        return (emptied is not None and self._after_the_kills(group, kills, emptied[0])
+                and self._read_started >= emptied[1])
+
+    def _after_the_kills(self, group: str, kills: int, group_kills: Optional[int]) -> bool:
+        """Whether a reading of `group` whose oom_group_kill was `group_kills` (None: the cgroup is removed) counted
+        `kills` group kills beyond those already published."""
+        if group_kills is None:
+            return True
+        accounted = self._counted.accounted_group_kills(group) if self._counted is not None else None
+        return accounted is not None and group_kills - accounted >= kills
 
     def _exits_wait(self, incident: Incident) -> float:
         """How long a group kill complete by the counters waits for the proc connector's exits: not at all when
-        every process its group held when last read has its kill line or its exit already."""
-        seen = self._pids_seen.get(incident.group_cgroup or "")
+        every process its group held in its last two readings (one before the kill, as a rule: a process the kill
+        took down unlogged may be gone from the one after) has its kill line or its exit already; else briefly once
+        its group is seen empty (their exits are all but in), and until then up to the witness wait."""
+        group = incident.group_cgroup or ""
+        seen = self._pids_seen.get(group)
         named = {p.pid for p in incident.killed} | {note["pid"] for note in incident.exiting}
-        if seen is not None and not self.witness.unaccounted(seen[1], named, incident.time):
+        if seen is not None and not self.witness.unaccounted(seen[1] | seen[3], named, incident.time):
             return 0.0
-        return min(self.witness.wait, EXITS_AFTER_EMPTY)
+        emptied = self._emptied.get(group)
+        if emptied is not None and self._after_the_kills(group, 1, emptied[0]):
+            return min(self.witness.wait, EXITS_AFTER_EMPTY)
+        return self.witness.wait
 
     def _changed(self, event: CgroupChanged, now: float, fx: Effects) -> None:
         if event.pids is None:
@@ -263,7 +276,8 @@ class KernelLogStage:
             self._emptied.pop(event.path, None)
             if group_kills is not None:  # (5.17+: an older kernel's group kills wait for the quiet log)
                 pids = frozenset(pid for pids in event.pids.values() for pid in pids)
-                _remember(self._pids_seen, event.path, (group_kills, pids, at))
+                before = self._pids_seen.get(event.path)
+                _remember(self._pids_seen, event.path, (group_kills, pids, at, before[1] if before else frozenset()))
         elif group_kills is not None:
             self._emptied_at(event.path, group_kills, at, fx)
 
