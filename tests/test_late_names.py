@@ -14,6 +14,7 @@ from oomwatch.events import CgroupAdded, CgroupChanged, KernelLog, NamesRead, St
 from oomwatch.stages.identity import NAMES_WAIT_SECONDS
 from tests.conftest import FIXTURES, raw_records
 from tests.replay import RecordedTree, Replay, live_reads, live_settings
+from tests.test_replay_pod_events import single_kill
 
 K8S = FIXTURES / "golden" / "k8s-runc"
 CONTAINER = ("/kubepods/burstable/pod0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f/"
@@ -142,3 +143,19 @@ def test_an_incident_waiting_for_its_names_is_not_counted_again_from_memory_even
     assert incident.evidence == "kmsg" and incident.kind == "group"
     assert len(replay.pipeline.view().store.incidents) == 1  # (nothing counted from memory.events)
     recorded.close()
+
+
+def test_a_container_whose_bundle_named_nothing_at_a_kill_is_not_asked_again(tmp_path: Path) -> None:
+    """A container with no bundle at all (a runtime without one, a cgroup made by hand): its first kill asks, the
+    answer says nothing; its next kills are published without asking or waiting."""
+    node = Node(tmp_path)
+    node.killed()
+    [answer] = node.recorded.read_names(CONTAINER)
+    node.replay.step(answer, node.replay.now + 0.01)
+    assert len(node.replay.published) == 1 and node.replay.names_asked == [CONTAINER]
+    node.replay.step(KernelLog(single_kill(900, 4242, CONTAINER), drained_at=BOOT + 10.0), BOOT + 10.0)
+    node.replay.advance_to(BOOT + 12.0)
+    first, second = node.replay.published
+    assert [p.pid for p in second.killed] == [4242] and second.workload.pod is None
+    assert node.replay.names_asked == [CONTAINER]
+    node.recorded.close()
