@@ -150,24 +150,28 @@ def measure(trees: dict[str, Path], rounds: int, containers: int, cgroup_root: s
     results: dict[str, list[dict]] = {label: [] for label in trees}
     work = {label: tempfile.mkdtemp(prefix=f"oomwatch-start-{label}-") for label in trees}
     local = {label: tempfile.mkdtemp(prefix=f"oomwatch-start-pyc-{label}-") for label in trees}
-    for label, tree in trees.items():
-        bundle(tree, local[label])
-    make_tree(cgroup_root, containers)
-    for _ in range(rounds):
+    try:
         for label, tree in trees.items():
-            row = {"python -S -c pass": wall([PY, "-S", "-c", "pass"], tree),
-                   "python -c pass": wall([PY, "-c", "pass"], tree),
-                   "python -c imports": wall([PY, "-c", IMPORTS], tree)}
-            from_tmpfs = f"import sys; sys.path[:0] = [{local[label]!r}]; {IMPORTS}"
-            row["python -S -c imports, .pyc in tmpfs"] = wall([PY, "-S", "-c", from_tmpfs], tree)
-            row.update(import_groups(tree, [PY]))
-            row.update(agent_start(tree, work[label], cgroup_root))
-            if local_start:
-                local_row = agent_start(Path(local[label]), work[label], cgroup_root, local=True)
-                row.update({f"local .pyc, no site: {k}": v for k, v in local_row.items()
-                            if k in ("port answers", "healthz 200", "agent imported")})
-            results[label].append(row)
-            print(label, json.dumps(row), flush=True)
+            bundle(tree, local[label])
+        make_tree(cgroup_root, containers)
+        for _ in range(rounds):
+            for label, tree in trees.items():
+                row = {"python -S -c pass": wall([PY, "-S", "-c", "pass"], tree),
+                       "python -c pass": wall([PY, "-c", "pass"], tree),
+                       "python -c imports": wall([PY, "-c", IMPORTS], tree)}
+                from_tmpfs = f"import sys; sys.path[:0] = [{local[label]!r}]; {IMPORTS}"
+                row["python -S -c imports, .pyc in tmpfs"] = wall([PY, "-S", "-c", from_tmpfs], tree)
+                row.update(import_groups(tree, [PY]))
+                row.update(agent_start(tree, work[label], cgroup_root))
+                if local_start:
+                    local_row = agent_start(Path(local[label]), work[label], cgroup_root, local=True)
+                    row.update({f"local .pyc, no site: {k}": v for k, v in local_row.items()
+                                if k in ("port answers", "healthz 200", "agent imported")})
+                results[label].append(row)
+                print(label, json.dumps(row), flush=True)
+    finally:  # the agents' state and logs, the .pyc copies
+        for where in [*work.values(), *local.values()]:
+            shutil.rmtree(where, ignore_errors=True)
     return results
 
 
@@ -247,14 +251,15 @@ def main() -> int:
     trees = {"now": snapshot(None)}
     if args.before:
         trees[args.before] = snapshot(args.before)
-    if not args.here:
-        return in_vm(args, trees)
     root = tempfile.mkdtemp(prefix="oomwatch-start-cgroups-", dir="/dev/shm")
-    Path(root, "cgroup.controllers").write_text("cpu memory pids\n")
     try:
+        if not args.here:
+            return in_vm(args, trees)
+        Path(root, "cgroup.controllers").write_text("cpu memory pids\n")
         report(measure(trees, args.rounds, args.cgroups, root, args.local), args.json, "this machine")
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        for where in [root, *trees.values()]:
+            shutil.rmtree(where, ignore_errors=True)
     return 0
 
 
