@@ -131,7 +131,9 @@ def test_an_incident_waiting_for_its_names_is_not_counted_again_from_memory_even
     replay.run(recorded.start())
     replay.step(KernelLog([], drained_at=BOOT))
     events.write_text(counted)
-    replay.run(recorded.changed(CONTAINER), now=BOOT + 0.5)
+    # (as if the source had not read the bundle at the counters' move: the kill's incident asks and waits)
+    moved = recorded.changed(CONTAINER)
+    replay.run([CgroupChanged(e.path, e.ino, e.local, e.oom_group, e.limited, e.pids) for e in moved], now=BOOT + 0.5)
     for items in live_reads(raw_records(K8S / "kmsg")):
         replay.step(KernelLog(items, drained_at=BOOT + 1.0), BOOT + 1.0)
     for now in (BOOT + 3.0, BOOT + 4.0, BOOT + 5.0):  # past the settle time, the log read to its end each time
@@ -158,4 +160,43 @@ def test_a_container_whose_bundle_named_nothing_at_a_kill_is_not_asked_again(tmp
     first, second = node.replay.published
     assert [p.pid for p in second.killed] == [4242] and second.workload.pod is None
     assert node.replay.names_asked == [CONTAINER]
+    node.recorded.close()
+
+
+def kill_counted(node: Node, tmp_path: Path) -> list:
+    """memory.events.local of the container as the kernel leaves it after the kill (it counts before it prints):
+    what the cgroup source emits."""
+    events = tmp_path / "cgroup" / CONTAINER.lstrip("/") / "memory.events.local"
+    counted = events.read_text()
+    events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+    node.recorded.changed(CONTAINER)  # (the source's last reading: before the kill)
+    events.write_text(counted)
+    return node.recorded.changed(CONTAINER)
+
+
+def test_a_bundle_written_late_is_read_when_the_kill_is_counted(tmp_path: Path) -> None:
+    """The kernel counts the kill (memory.events) before it prints it: the source reads the bundle then, and the
+    incident is named without asking or waiting."""
+    node = Node(tmp_path)
+    node.bundles_written()
+    [changed] = [e for e in kill_counted(node, tmp_path) if isinstance(e, CgroupChanged)]
+    assert changed.names is not None and changed.names.pod == "train-0" and not changed.nameless
+    node.replay.step(changed, BOOT + 0.5)
+    node.killed()
+    [incident] = node.replay.published
+    assert node.replay.names_asked == [] and (incident.workload.namespace, incident.workload.pod) == (
+        "ml", "train-0")
+    node.recorded.close()
+
+
+def test_a_kill_in_a_container_without_a_bundle_does_not_wait(tmp_path: Path) -> None:
+    """No bundle when the kill is counted (a runtime without one, a cgroup made by hand): its incident is
+    published as soon as it is complete, without names."""
+    node = Node(tmp_path)
+    [changed] = [e for e in kill_counted(node, tmp_path) if isinstance(e, CgroupChanged)]
+    assert changed.names is None and changed.nameless
+    node.replay.step(changed, BOOT + 0.5)
+    node.killed()
+    [incident] = node.replay.published
+    assert node.replay.names_asked == [] and incident.workload.pod is None
     node.recorded.close()

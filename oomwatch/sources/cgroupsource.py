@@ -171,7 +171,12 @@ class CgroupSource:
         if pids is None and not (moved["oom"] or moved["oom_kill"] or moved["oom_group_kill"]):
             return  # only OOM moves matter to the pipeline
         oom_group, limited = self._limits_of(path)
-        self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids))
+        # A kill in a container no bundle has named yet: read it now, before the kill's lines are read, so that
+        # its incident need not wait for the names.
+        reread = moved["oom_kill"] and path in self._unnamed
+        names = self._names_again(path) if reread else None
+        self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids, names,
+                                 nameless=reread and names is None))
         if moved["oom_kill"]:
             self.on_kill()
 

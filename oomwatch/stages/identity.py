@@ -221,6 +221,8 @@ class IdentityStage:
     def _cgroup_changed(self, event: CgroupChanged, now: float, fx: Effects) -> list:
         path, node = event.path, self._context.node
         node.set_oom_group(path, event.oom_group)
+        if event.nameless:
+            self._nameless.add(path)
         if event.names is not None:  # a container's bundle written after its cgroup appeared
             self._nameless.discard(path)
             self._names_read(path, event.names)
