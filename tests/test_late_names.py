@@ -200,3 +200,14 @@ def test_a_kill_in_a_container_without_a_bundle_does_not_wait(tmp_path: Path) ->
     [incident] = node.replay.published
     assert node.replay.names_asked == [] and incident.workload.pod is None
     node.recorded.close()
+
+
+def test_the_bundle_is_read_at_the_first_counted_kill_only(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    [first] = [e for e in kill_counted(node, tmp_path) if isinstance(e, CgroupChanged)]
+    events = tmp_path / "cgroup" / CONTAINER.lstrip("/") / "memory.events.local"
+    events.write_text(events.read_text().replace("oom_kill 3", "oom_kill 4"))
+    node.bundles_written()  # (too late: a container killed without its bundle is taken to have none)
+    [second] = [e for e in node.recorded.changed(CONTAINER) if isinstance(e, CgroupChanged)]
+    assert first.nameless and second.names is None and not second.nameless
+    node.recorded.close()

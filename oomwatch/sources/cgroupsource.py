@@ -172,9 +172,10 @@ class CgroupSource:
             return  # only OOM moves matter to the pipeline
         oom_group, limited = self._limits_of(path)
         # A kill in a container no bundle has named yet: read it now, before the kill's lines are read, so that
-        # its incident need not wait for the names.
+        # its incident need not wait for the names; once only (a container killed without a bundle has none).
         reread = moved["oom_kill"] and path in self._unnamed
         names = self._names_again(path) if reread else None
+        self._unnamed.discard(path)
         self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids, names,
                                  nameless=reread and names is None))
         if moved["oom_kill"]:
