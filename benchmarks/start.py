@@ -4,6 +4,7 @@ tier restarts the agent, or here.
 
     .venv/bin/python benchmarks/start.py                    # in the VM: 3 rounds
     .venv/bin/python benchmarks/start.py --before e3e617c   # that commit's package too, alternating
+    .venv/bin/python benchmarks/start.py --local            # also from a .pyc copy in the guest's tmpfs, no site
     .venv/bin/python benchmarks/start.py --here             # on this machine, no VM
 
 Each round, for each tree (alternating, so that a loaded host weighs on both alike):
@@ -63,7 +64,9 @@ def make_tree(root: str, containers: int) -> None:
         os.makedirs(os.path.join(root, "kubepods", "burstable", f"podstart{i:05d}", f"c{i:05d}"), exist_ok=True)
 
 
-def agent_start(tree: Path, work: str, cgroup_root: str) -> dict:
+def agent_start(tree: Path, work: str, cgroup_root: str, local: bool = False) -> dict:
+    """One start, its phases. `local`: `tree` is the .pyc copy in the guest's tmpfs, run without site (no .pth,
+    no editable finder), the 9p view of the rest only where it has no copy: the agent as a node's disk holds it."""
     phases_path = os.path.join(work, "phases.jsonl")
     Path(phases_path).write_text("")
     argv = ["agent", "--listen", f"127.0.0.1:{PORT}", "--state-dir", os.path.join(work, "state"),
@@ -71,9 +74,13 @@ def agent_start(tree: Path, work: str, cgroup_root: str) -> dict:
             "--cgroup-root", cgroup_root, "--proc-connector"]
     t0 = time.monotonic()
     env = {**os.environ, "OOMWATCH_START_PHASES": phases_path, "OOMWATCH_START_T0": repr(t0)}
+    if local:
+        import site
+
+        env["PYTHONPATH"] = os.pathsep.join(site.getsitepackages())
     with open(os.path.join(work, "agent.log"), "a") as log:
-        agent = subprocess.Popen([PY, str(PHASES), *argv], cwd=str(tree), env=env, stdout=log,
-                                 stderr=subprocess.STDOUT)
+        agent = subprocess.Popen([PY, *(["-S"] if local else []), str(PHASES), *argv], cwd=str(tree), env=env,
+                                 stdout=log, stderr=subprocess.STDOUT)
     port = healthy = None
     try:
         while time.monotonic() - t0 < 120 and agent.poll() is None:
@@ -124,6 +131,9 @@ def bundle(tree: Path, dest: str) -> None:
                                       check=True).stdout)
     import importlib.util
 
+    for py in (tree / "oomwatch").rglob("*.py"):  # every module of the package: the agent imports some later
+        name = ".".join(py.relative_to(tree).with_suffix("").parts)
+        files.setdefault(name[:-len(".__init__")] if name.endswith(".__init__") else name, str(py))
     for name, path in files.items():
         if not path:
             continue
@@ -135,24 +145,33 @@ def bundle(tree: Path, dest: str) -> None:
             shutil.copy(path, os.path.join(dest, os.path.basename(path)))
 
 
-def measure(trees: dict[str, Path], rounds: int, containers: int, cgroup_root: str) -> dict:
+def measure(trees: dict[str, Path], rounds: int, containers: int, cgroup_root: str,
+            local_start: bool = False) -> dict:
     results: dict[str, list[dict]] = {label: [] for label in trees}
     work = {label: tempfile.mkdtemp(prefix=f"oomwatch-start-{label}-") for label in trees}
     local = {label: tempfile.mkdtemp(prefix=f"oomwatch-start-pyc-{label}-") for label in trees}
-    for label, tree in trees.items():
-        bundle(tree, local[label])
-    make_tree(cgroup_root, containers)
-    for _ in range(rounds):
+    try:
         for label, tree in trees.items():
-            row = {"python -S -c pass": wall([PY, "-S", "-c", "pass"], tree),
-                   "python -c pass": wall([PY, "-c", "pass"], tree),
-                   "python -c imports": wall([PY, "-c", IMPORTS], tree)}
-            from_tmpfs = f"import sys; sys.path[:0] = [{local[label]!r}]; {IMPORTS}"
-            row["python -S -c imports, .pyc in tmpfs"] = wall([PY, "-S", "-c", from_tmpfs], tree)
-            row.update(import_groups(tree, [PY]))
-            row.update(agent_start(tree, work[label], cgroup_root))
-            results[label].append(row)
-            print(label, json.dumps(row), flush=True)
+            bundle(tree, local[label])
+        make_tree(cgroup_root, containers)
+        for _ in range(rounds):
+            for label, tree in trees.items():
+                row = {"python -S -c pass": wall([PY, "-S", "-c", "pass"], tree),
+                       "python -c pass": wall([PY, "-c", "pass"], tree),
+                       "python -c imports": wall([PY, "-c", IMPORTS], tree)}
+                from_tmpfs = f"import sys; sys.path[:0] = [{local[label]!r}]; {IMPORTS}"
+                row["python -S -c imports, .pyc in tmpfs"] = wall([PY, "-S", "-c", from_tmpfs], tree)
+                row.update(import_groups(tree, [PY]))
+                row.update(agent_start(tree, work[label], cgroup_root))
+                if local_start:
+                    local_row = agent_start(Path(local[label]), work[label], cgroup_root, local=True)
+                    row.update({f"local .pyc, no site: {k}": v for k, v in local_row.items()
+                                if k in ("port answers", "healthz 200", "agent imported")})
+                results[label].append(row)
+                print(label, json.dumps(row), flush=True)
+    finally:  # the agents' state and logs, the .pyc copies
+        for where in [*work.values(), *local.values()]:
+            shutil.rmtree(where, ignore_errors=True)
     return results
 
 
@@ -195,7 +214,7 @@ def in_vm(args: argparse.Namespace, trees: dict[str, Path]) -> int:
     compiling.wait()
     spec = ",".join(f"{label}={path}" for label, path in trees.items())
     argv = [PY, str(Path(__file__).resolve()), "--guest", vm.GUEST_SHARED, "--trees", spec,
-            "--rounds", str(args.rounds), "--cgroups", str(args.cgroups)]
+            "--rounds", str(args.rounds), "--cgroups", str(args.cgroups), *(["--local"] if args.local else [])]
     result = vm.run_guest(env, argv, out, memory_mib=1024, timeout=900, started_marker="results.json")
     if not (out / "results.json").exists():
         print(f"the guest wrote no results ({result.failure_report() or result.returncode}): {out}")
@@ -215,6 +234,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cgroups", type=int, default=50, help="kubelet-shaped containers in the tree")
+    parser.add_argument("--local", action="store_true",
+                        help="also start the agent from its .pyc copy in tmpfs, without site (as from a node's disk)")
     parser.add_argument("--before", help="also measure this commit's tree, alternating")
     parser.add_argument("--here", action="store_true", help="on this machine, not in the VM")
     parser.add_argument("--json")
@@ -224,20 +245,21 @@ def main() -> int:
     if args.guest:
         trees = {label: Path(path) for label, path in (t.split("=", 1) for t in args.trees.split(","))}
         tempfile.tempdir = "/run"  # the guest's tmpfs (its /tmp is an overlay over the host's, read over 9p)
-        results = measure(trees, args.rounds, args.cgroups, "/sys/fs/cgroup")
+        results = measure(trees, args.rounds, args.cgroups, "/sys/fs/cgroup", args.local)
         Path(args.guest, "results.json").write_text(json.dumps(results))
         return 0
     trees = {"now": snapshot(None)}
     if args.before:
         trees[args.before] = snapshot(args.before)
-    if not args.here:
-        return in_vm(args, trees)
     root = tempfile.mkdtemp(prefix="oomwatch-start-cgroups-", dir="/dev/shm")
-    Path(root, "cgroup.controllers").write_text("cpu memory pids\n")
     try:
-        report(measure(trees, args.rounds, args.cgroups, root), args.json, "this machine")
+        if not args.here:
+            return in_vm(args, trees)
+        Path(root, "cgroup.controllers").write_text("cpu memory pids\n")
+        report(measure(trees, args.rounds, args.cgroups, root, args.local), args.json, "this machine")
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        for where in [root, *trees.values()]:
+            shutil.rmtree(where, ignore_errors=True)
     return 0
 
 

@@ -60,9 +60,10 @@ class CgroupChanged(NamedTuple):
     oom_group: Optional[int]
     limited: bool
     pids: Optional[dict] = None
-    # a container cgroup's names, read again when it got its first process because the read at its appearance
-    # found no bundle (the runtime may write it after the cgroup); None: not read, or still nothing
+    # a container cgroup's names, read again when it got its first process or counted a kill because no read
+    # before found its bundle (the runtime may write it after the cgroup); None: not read, or still nothing
     names: Optional[ContainerNames] = None
+    nameless: bool = False  # read again at a kill, and still nothing names it (no bundle: do not wait for one)
     pids_read_at: Optional[float] = None
 
 

@@ -14,6 +14,7 @@ from oomwatch.events import CgroupAdded, CgroupChanged, KernelLog, NamesRead, St
 from oomwatch.stages.identity import NAMES_WAIT_SECONDS
 from tests.conftest import FIXTURES, raw_records
 from tests.replay import RecordedTree, Replay, live_reads, live_settings
+from tests.test_replay_pod_events import single_kill
 
 K8S = FIXTURES / "golden" / "k8s-runc"
 CONTAINER = ("/kubepods/burstable/pod0b0c6b3e-9d55-4a52-8f0e-0d2b1c3a4e5f/"
@@ -130,7 +131,9 @@ def test_an_incident_waiting_for_its_names_is_not_counted_again_from_memory_even
     replay.run(recorded.start())
     replay.step(KernelLog([], drained_at=BOOT))
     events.write_text(counted)
-    replay.run(recorded.changed(CONTAINER), now=BOOT + 0.5)
+    # (as if the source had not read the bundle at the counters' move: the kill's incident asks and waits)
+    moved = recorded.changed(CONTAINER)
+    replay.run([CgroupChanged(e.path, e.ino, e.local, e.oom_group, e.limited, e.pids) for e in moved], now=BOOT + 0.5)
     for items in live_reads(raw_records(K8S / "kmsg")):
         replay.step(KernelLog(items, drained_at=BOOT + 1.0), BOOT + 1.0)
     for now in (BOOT + 3.0, BOOT + 4.0, BOOT + 5.0):  # past the settle time, the log read to its end each time
@@ -142,3 +145,69 @@ def test_an_incident_waiting_for_its_names_is_not_counted_again_from_memory_even
     assert incident.evidence == "kmsg" and incident.kind == "group"
     assert len(replay.pipeline.view().store.incidents) == 1  # (nothing counted from memory.events)
     recorded.close()
+
+
+def test_a_container_whose_bundle_named_nothing_at_a_kill_is_not_asked_again(tmp_path: Path) -> None:
+    """A container with no bundle at all (a runtime without one, a cgroup made by hand): its first kill asks, the
+    answer says nothing; its next kills are published without asking or waiting."""
+    node = Node(tmp_path)
+    node.killed()
+    [answer] = node.recorded.read_names(CONTAINER)
+    node.replay.step(answer, node.replay.now + 0.01)
+    assert len(node.replay.published) == 1 and node.replay.names_asked == [CONTAINER]
+    node.replay.step(KernelLog(single_kill(900, 4242, CONTAINER), drained_at=BOOT + 10.0), BOOT + 10.0)
+    node.replay.advance_to(BOOT + 12.0)
+    first, second = node.replay.published
+    assert [p.pid for p in second.killed] == [4242] and second.workload.pod is None
+    assert node.replay.names_asked == [CONTAINER]
+    node.recorded.close()
+
+
+def kill_counted(node: Node, tmp_path: Path) -> list:
+    """memory.events.local of the container as the kernel leaves it after the kill (it counts before it prints):
+    what the cgroup source emits."""
+    events = tmp_path / "cgroup" / CONTAINER.lstrip("/") / "memory.events.local"
+    counted = events.read_text()
+    events.write_text("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+    node.recorded.changed(CONTAINER)  # (the source's last reading: before the kill)
+    events.write_text(counted)
+    return node.recorded.changed(CONTAINER)
+
+
+def test_a_bundle_written_late_is_read_when_the_kill_is_counted(tmp_path: Path) -> None:
+    """The kernel counts the kill (memory.events) before it prints it: the source reads the bundle then, and the
+    incident is named without asking or waiting."""
+    node = Node(tmp_path)
+    node.bundles_written()
+    [changed] = [e for e in kill_counted(node, tmp_path) if isinstance(e, CgroupChanged)]
+    assert changed.names is not None and changed.names.pod == "train-0" and not changed.nameless
+    node.replay.step(changed, BOOT + 0.5)
+    node.killed()
+    [incident] = node.replay.published
+    assert node.replay.names_asked == [] and (incident.workload.namespace, incident.workload.pod) == (
+        "ml", "train-0")
+    node.recorded.close()
+
+
+def test_a_kill_in_a_container_without_a_bundle_does_not_wait(tmp_path: Path) -> None:
+    """No bundle when the kill is counted (a runtime without one, a cgroup made by hand): its incident is
+    published as soon as it is complete, without names."""
+    node = Node(tmp_path)
+    [changed] = [e for e in kill_counted(node, tmp_path) if isinstance(e, CgroupChanged)]
+    assert changed.names is None and changed.nameless
+    node.replay.step(changed, BOOT + 0.5)
+    node.killed()
+    [incident] = node.replay.published
+    assert node.replay.names_asked == [] and incident.workload.pod is None
+    node.recorded.close()
+
+
+def test_the_bundle_is_read_at_the_first_counted_kill_only(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    [first] = [e for e in kill_counted(node, tmp_path) if isinstance(e, CgroupChanged)]
+    events = tmp_path / "cgroup" / CONTAINER.lstrip("/") / "memory.events.local"
+    events.write_text(events.read_text().replace("oom_kill 3", "oom_kill 4"))
+    node.bundles_written()  # (too late: a container killed without its bundle is taken to have none)
+    [second] = [e for e in node.recorded.changed(CONTAINER) if isinstance(e, CgroupChanged)]
+    assert first.nameless and second.names is None and not second.nameless
+    node.recorded.close()

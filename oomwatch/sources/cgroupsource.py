@@ -174,7 +174,14 @@ class CgroupSource:
         if pids is None and not (moved["oom"] or moved["oom_kill"] or moved["oom_group_kill"]):
             return  # only OOM moves matter to the pipeline
         oom_group, limited = self._limits_of(path)
-        self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids, pids_read_at=pids_read_at))
+        # A kill in a container no bundle has named yet: read it now, before the kill's lines are read, so that
+        # its incident need not wait for the names; once only (a container killed without a bundle has none).
+        reread = moved["oom_kill"] and path in self._unnamed
+        names = self._names_again(path) if reread else None
+        if reread:
+            self._unnamed.discard(path)
+        self._emit(CgroupChanged(path, ino, local, oom_group, limited, pids, names,
+                                 nameless=reread and names is None, pids_read_at=pids_read_at))
         if moved["oom_kill"]:
             self.on_kill()
 
@@ -215,7 +222,7 @@ class CgroupSource:
         pids = self._subtree_pids(path)
         read_at = self._wall_clock()
         self._emit(CgroupChanged(path, ino if local is not None else None, local, oom_group, limited, pids,
-                                 self._names_again(path), read_at))
+                                 self._names_again(path), pids_read_at=read_at))
 
 
 def oomd_marks(directory: str) -> tuple[Optional[int], Optional[int]]:

@@ -98,6 +98,9 @@ class IdentityStage:
         context.resolver.pods = self._pods.get  # what names a pod: this stage's table, nothing read live
         self._held: deque[_Held] = deque()  # incidents waiting for names, in the order they came due
         self._unanswered: set[str] = set()  # container cgroups whose bundles were asked for and not answered yet
+        # Container cgroups whose bundle, read for a kill, named nothing (no bundle: a runtime without one, or a
+        # cgroup made by hand): their next kills do not ask again, nor wait (a storm in them would wait at each).
+        self._nameless: set[str] = set()
         # An incident waited its whole time for the first pod list, which did not come (the API server refuses,
         # or is down): later ones do not wait for it until it comes.
         self._list_overdue = False
@@ -141,7 +144,9 @@ class IdentityStage:
             return self._release(now)
         elif isinstance(event, NamesRead):
             self._unanswered.discard(path)
-            if event.names is not None:
+            if event.names is None:
+                self._nameless.add(path)
+            else:
                 self._names_read(path, event.names)
                 self._renamed(path, fx)
             return self._release(now)
@@ -171,7 +176,7 @@ class IdentityStage:
         settings, ready = self._context.settings, []
         for incident in due.incidents:
             workloads = (incident.workload, *incident.workloads)
-            unnamed = _unnamed(workloads) if settings.read_names else frozenset()
+            unnamed = _unnamed(workloads) - self._nameless if settings.read_names else frozenset()
             list_wanted = (settings.pods_watched and not self._pods.listed and not self._list_overdue
                            and any(w.pod_uid for w in workloads))
             if not (unnamed or list_wanted or self._held):
@@ -216,7 +221,10 @@ class IdentityStage:
     def _cgroup_changed(self, event: CgroupChanged, now: float, fx: Effects) -> list:
         path, node = event.path, self._context.node
         node.set_oom_group(path, event.oom_group)
+        if event.nameless:
+            self._nameless.add(path)
         if event.names is not None:  # a container's bundle written after its cgroup appeared
+            self._nameless.discard(path)
             self._names_read(path, event.names)
             self._renamed(path, fx)
         for where, pids in (event.pids or {}).items():
@@ -228,6 +236,7 @@ class IdentityStage:
         return [] if moved is None else [CountersMoved(path, event.ino, event.local, moved)]
 
     def _cgroup_removed(self, path: str, fx: Effects) -> None:
+        self._nameless.discard(path)
         self._identities.pop(path, None)
         self._rows.pop(path, None)
         if path in self._over_cap:
