@@ -181,9 +181,11 @@ def test_the_freshest_confirmed_reading_wins_and_an_unconfirmed_one_is_never_sho
 
 
 def test_a_reading_taken_after_the_kill_s_batch_is_never_its_breakdown() -> None:
-    """The kill's incident is built after later reads of the log (it waits for the log to be quiet): a reading
-    that later reads confirm precedes THEIR kills, not this one's."""
-    replay = pipeline_with_cgroup()
+    """The kill's incident is built after later reads of the log (it waits for the log to be quiet: its cgroup's
+    memory.events was never read, so no counter says its line is all there is): a reading that later reads confirm
+    precedes THEIR kills, not this one's."""
+    replay = Replay(now=10.0)
+    replay.step(CgroupAdded(CG, None, None, 0, True, ()))
     replay.step(KernelLog(kill_records(10, 103.0, 4242), drained_at=103.0), now=103.0)
     replay.step(MemoryStatRead(CG, 103.05, stat_with_anon(5 << 20)), now=103.05)
     replay.step(KernelLog([], drained_at=104.1), now=103.1)

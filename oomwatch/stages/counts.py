@@ -158,3 +158,7 @@ class CountedKillsView:
 
     def accounted_group_kills(self, cgroup: str) -> Optional[int]:
         return self._reconciler.accounted_group_kills(cgroup)
+
+    def counts(self, cgroup: str) -> bool:
+        """Whether `cgroup`'s memory.events has been read: the kernel counts each kill there before its line."""
+        return cgroup in self._reconciler.accounts
