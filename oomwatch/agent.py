@@ -237,6 +237,9 @@ def health_of(agent: Agent) -> tuple[bool, dict]:
     starting = getattr(agent, "starting", None)
     if starting:
         return False, {"starting": starting}
+    pump = getattr(agent.kernel_log, "pump", None)
+    if pump is not None and not pump.backlog_read:  # healthy once what the ring held at start is read
+        return False, {"starting": "reading the kernel log's backlog"}
     kmsg_ok, kmsg = agent.kernel_log.health()
     watcher = agent.cgroups.watcher
     # Blind: no memory controller, or cgroups this agent cannot read. Cgroups inotify cannot watch are still

@@ -60,3 +60,14 @@ def test_a_batch_the_reader_child_sent_before_it_reached_the_end_is_not_the_back
         assert [(e.items, e.drained_at) for e in emitted[1:]] == [([], 5.0)]
     finally:
         pump.stop()
+
+
+def test_healthz_says_starting_until_the_backlog_is_read() -> None:
+    """Issue 30 item 4: healthy once the backlog is read: /healthz says so while the pump has not yet handed a
+    batch read to the log's end to the agent."""
+    from types import SimpleNamespace
+
+    from oomwatch.agent import health_of
+
+    agent = SimpleNamespace(starting=None, kernel_log=SimpleNamespace(pump=SimpleNamespace(backlog_read=False)))
+    assert health_of(agent) == (False, {"starting": "reading the kernel log's backlog"})
