@@ -5,6 +5,8 @@ window stays for what no counter describes."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from oomwatch.events import CgroupAdded, CgroupChanged, KernelLog
 from tests.conftest import CAPTURES, raw_records
 from tests.replay import Replay, kmsg_records, live_settings
@@ -42,12 +44,20 @@ def test_a_group_kill_is_never_completed_by_the_counters_mid_listing() -> None:
     assert incident.kind == "group" and sorted(p.pid for p in incident.killed) == [153, 158, 159, 160, 162]
 
 
-def test_a_single_kill_goes_out_when_its_one_line_was_counted() -> None:
+def single_kill(counted: Optional[int]) -> Replay:
+    """/a's single kill of 118 read at 100.01, its counter read before as `counted` kills (None: not read yet)."""
     kill = at(SCENARIOS, "Killed process 118")
-    replay = Replay(live_settings(), now=100.0)
+    replay = Replay(live_settings(boot_time=100.0 - SCENARIOS[kill].usec / 1e6), now=100.0)
     replay.step(CgroupAdded("/a", 3, {"oom_kill": 0, "oom_group_kill": 0}, 0, True, (118,)))
-    replay.step(CgroupChanged("/a", 3, {"max": 1, "oom": 1, "oom_kill": 1, "oom_group_kill": 0}, 0, True), now=100.0)
+    if counted is not None:
+        replay.step(CgroupChanged("/a", 3, {"max": 1, "oom": counted, "oom_kill": counted, "oom_group_kill": 0}, 0,
+                                  True), now=100.0)
     replay.step(KernelLog(SCENARIOS[:kill + 1], drained_at=100.01), now=100.01)
+    return replay
+
+
+def test_a_single_kill_goes_out_when_its_one_line_was_counted() -> None:
+    replay = single_kill(counted=1)
     assert [(i.kind, i.victim.pid) for i in replay.published] == [("single", 118)]  # not 0.25 s later
 
 
@@ -199,10 +209,7 @@ def test_a_single_kill_goes_out_before_the_agent_reads_its_counter() -> None:
     """The kernel counted the kill before printing its line: a line read before the agent's read of oom_kill (the
     cgroup thread lagging behind the log: 24-225 ms in the real-kernel tier's calm single kills) is complete at
     once; the counter read after it settles, and nothing is counted twice."""
-    kill = at(SCENARIOS, "Killed process 118")
-    replay = Replay(live_settings(boot_time=100.0 - SCENARIOS[kill].usec / 1e6), now=100.0)
-    replay.step(CgroupAdded("/a", 3, {"oom_kill": 0, "oom_group_kill": 0}, 0, True, (118,)))
-    replay.step(KernelLog(SCENARIOS[:kill + 1], drained_at=100.01), now=100.01)
+    replay = single_kill(counted=None)
     assert [(i.kind, i.victim.pid) for i in replay.published] == [("single", 118)]
     replay.step(CgroupChanged("/a", 3, {"max": 1, "oom": 1, "oom_kill": 1, "oom_group_kill": 0}, 0, True), now=100.05)
     replay.advance_to(103.0)
@@ -210,9 +217,4 @@ def test_a_single_kill_goes_out_before_the_agent_reads_its_counter() -> None:
 
 
 def test_more_kills_counted_than_lines_read_still_waits() -> None:
-    kill = at(SCENARIOS, "Killed process 118")
-    replay = Replay(live_settings(), now=100.0)
-    replay.step(CgroupAdded("/a", 3, {"oom_kill": 0, "oom_group_kill": 0}, 0, True, (118,)))
-    replay.step(CgroupChanged("/a", 3, {"max": 1, "oom": 2, "oom_kill": 2, "oom_group_kill": 0}, 0, True), now=100.0)
-    replay.step(KernelLog(SCENARIOS[:kill + 1], drained_at=100.01), now=100.01)
-    assert replay.published == []
+    assert single_kill(counted=2).published == []
