@@ -1,7 +1,8 @@
-"""Issue 30 item 2: an incident is complete when its lines are what memory.events counted for its cgroups, not only
-after the log has been quiet. The kernel counts each kill in `oom_kill` before printing its line and a group kill in
-`oom_group_kill` once its listing is printed, so lines matching the counters mean nothing more is coming; the quiet
-window stays for what no counter describes."""
+"""Issue 30 item 2: an incident is complete when memory.events says nothing more is coming, not only after the log
+has been quiet. The kernel counts each kill in `oom_kill` before printing its line, so a single kill's line is all
+there is unless the counter shows more; it counts a group kill in `oom_group_kill` before it lists the group, so
+the group's pids read with a counter that counted the kill are whom the listing names (or, empty, that nothing is
+left to list). The quiet window stays for what no counter describes."""
 
 from __future__ import annotations
 
