@@ -17,6 +17,7 @@ from oomwatch.model import Incident
 
 SIGKILL = 9
 WITNESS_SECONDS = 0.5
+EXIT_WINDOW = 2.0  # an exit by SIGKILL this long before a kill can still be its (the clocks of exits and kills differ)
 
 
 class WitnessQueue:
@@ -45,8 +46,10 @@ class WitnessQueue:
     def unaccounted(self, pids: Iterable[int], named: set, since: float) -> bool:
         """Whether one of `pids` is neither `named` (by kill lines) nor seen dying by SIGKILL from 2 s before
         `since` on: then it may still be listed, or its exit may still be on its way."""
-        named = named | {pid for pid, _, when in self._sigkilled if when >= since - 2.0}
-        return any(pid not in named for pid in pids)
+        unnamed = set(pids) - named
+        if unnamed:  # (the exits looked through only then: this runs at each step while a group kill is open)
+            unnamed -= {pid for pid, _, when in self._sigkilled if when >= since - EXIT_WINDOW}
+        return bool(unnamed)
 
     def due(self, now: float, everything: bool = False) -> list[Incident]:
         """The incidents whose wait is over at `now`, in order (the first holds the rest back), detected now: their
@@ -75,7 +78,7 @@ class WitnessQueue:
         known = {p.pid for p in incident.killed} | {p["pid"] for p in incident.exiting}
         died = [{"pid": pid, "cgroup": cgroup, "signal": SIGKILL} for pid, cgroup, when in list(self._sigkilled)
                 if pid not in known and cgroup and is_within(cgroup, incident.group_cgroup)
-                and when >= incident.time - 2.0]
+                and when >= incident.time - EXIT_WINDOW]
         if not died:
             return incident
         incident = replace(incident, died_with=tuple(died))

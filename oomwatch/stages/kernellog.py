@@ -287,10 +287,9 @@ class KernelLogStage:
 
     def _emptied_at(self, path: str, group_kills: Optional[int], at: float, fx: Effects) -> None:
         _remember(self._emptied, path, (group_kills, at))
-        accounted = self._counted.accounted_group_kills(path) if self._counted is not None else None
-        after_a_kill = group_kills is None or (accounted is not None and group_kills > accounted)
-        if after_a_kill and len(self.witness):  # group kills complete before their group was empty: its exits
-            self.witness.group_emptied(path, self._now, self._exits_wait)  # are all but in
+        # Group kills complete before their group was empty (by a reading after a kill): its exits are all but in
+        if len(self.witness) and self._after_the_kills(path, 1, group_kills):
+            self.witness.group_emptied(path, self._now, self._exits_wait)
         if self.correlator.pending and self._read_started < at:
             fx.wake_kernel_log = True  # a read that ends after this settles a group kill waiting for it
 
