@@ -1,8 +1,10 @@
 """The proc connector's witness: processes that died by SIGKILL in a group cgroup without a kernel line.
 
 When a group kill reaches a container's PID 1, the kernel tears the pid namespace down and the other
-processes die unlogged (docs/kernel-facts.md). A group kill therefore waits `wait` seconds for their exit
-events before it is published, and whatever follows it waits its turn: incidents go out in kernel order.
+processes die unlogged (docs/kernel-facts.md). A group kill therefore waits for their exit events before it is
+published: `wait` seconds, or less when the kernel-log stage knows more (`add(..., wait)`: none when every process
+its group held has a line or an exit; `group_emptied`: briefly once its group is empty; docs/loop.md), and
+whatever follows it waits its turn: incidents go out in kernel order.
 Owned by the pipeline (one thread, fed by events); times are the pipeline's `now`, given with each call.
 """
 
