@@ -158,7 +158,7 @@ class _Builder:
     # The texts of a full report's records from its `invoked oom-killer` line to its summary that are no OOM
     # line: its stats block and task table among them (what held the memory). None: no such line came.
     memory_texts: Optional[list[str]] = None
-    memory_part: Optional[bytes] = None  # the same as the live reader keeps them (oomwatch.model.ReportMemory)
+    memory_part: Optional[bytes] = None  # the same as the live reader keeps them (oomwatch.model.Skipped's `part`)
 
     def add(self, kill: _Kill) -> None:
         self.kills.append(kill)
@@ -344,7 +344,7 @@ class Correlator:
 
     def skipped(self, count: int, last_seq: Optional[int], memory: Optional[bytes] = None) -> None:
         """`count` records the reader's pre-filter found no OOM words in (read, not parsed); or, with `memory`,
-        the memory part of the open report as the reader kept it (oomwatch.model.ReportMemory's `part`)."""
+        the memory part of the open report as the reader kept it (oomwatch.model.Skipped's `part`)."""
         self.stats.records += count
         if last_seq is not None:
             self.last_seq = last_seq

@@ -495,20 +495,16 @@ class Lost:
 @dataclass(frozen=True)
 class Skipped:
     """`count` records that cannot be part of an OOM report were read and not parsed; `last_seq` is the
-    sequence number of the last (the cursor may move past them)."""
+    sequence number of the last (the cursor may move past them).
+
+    `part`, when set, says these records were the memory part of a full OOM report (its stats block or node
+    counters and its task table), kept together by the live reader: the kernel's records' texts as /dev/kmsg
+    escapes them, one a line (oomwatch.parse.memstat.part_report reads it). Handed on unparsed: the reader's loop
+    pays a join, and only a report that becomes an incident is read, once."""
 
     count: int
     last_seq: Optional[int]
-
-
-@dataclass(frozen=True)
-class ReportMemory(Skipped):
-    """The memory part of a full OOM report (its stats block or node counters and its task table: `count`
-    records up to `last_seq`), kept together by the live reader: `part` is the kernel's records' texts as
-    /dev/kmsg escapes them, one a line (oomwatch.parse.memstat.part_report reads it). Handed on unparsed: the
-    reader's loop pays a join, and only a report that becomes an incident is read, once."""
-
-    part: bytes = b""
+    part: Optional[bytes] = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oomwatch.model import OomKilled, ReportMemory
+from oomwatch.model import OomKilled, Skipped
 from oomwatch.parse.kmsg import TextLogStats, parse_kmsg_record, parse_text_log, text_lines, unescape
 from oomwatch.parse.memstat import (
     MemcgStatsHeader,
@@ -440,7 +440,7 @@ def reader_parts() -> list[bytes]:
 
     parts = []
     for capture in sorted(KMSG.glob("*.kmsg")):
-        parts += [i.part for i in read_like_the_agent(raw_records(capture)) if isinstance(i, ReportMemory)]
+        parts += [i.part for i in read_like_the_agent(raw_records(capture)) if isinstance(i, Skipped) and i.part is not None]
     return parts
 
 

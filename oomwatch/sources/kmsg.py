@@ -35,7 +35,6 @@ from oomwatch.sources.logitems import (  # noqa: F401 (re-exported: the readers'
     KmsgUnavailable,
     Lost,
     NotAKernelLog,
-    ReportMemory,
     Skipped,
 )
 
@@ -172,7 +171,7 @@ class LiveKmsg:
         if skipped:
             yield Skipped(skipped, self._last_seq)
 
-    def _memory_part(self, last_seq: Optional[int]) -> ReportMemory:
+    def _memory_part(self, last_seq: Optional[int]) -> Skipped:
         """The memory part read so far as one item: the texts of the kernel's own records (facility 0: a
         process may write /dev/kmsg), still escaped, one a line. Not parsed here: the reader's loop is the hot
         path of a storm, and the agent reads only the parts of the reports that become incidents."""
@@ -184,7 +183,7 @@ class LiveKmsg:
                 start = raw.index(b";") + 1
                 end = raw.find(b"\n", start)
                 texts.append(raw[start:end] if end >= 0 else raw[start:])
-        return ReportMemory(len(raws), last_seq, b"\n".join(texts))
+        return Skipped(len(raws), last_seq, b"\n".join(texts))
 
     def wait(self, timeout: Optional[float], wake_fd: Optional[int] = None) -> bool:
         """Block until a record is readable (True), the timeout passes or `wake_fd` becomes readable."""

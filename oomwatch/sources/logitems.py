@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import NamedTuple, Union
 
-from oomwatch.model import Garbled, KmsgRecord, Lost, ReportMemory, Skipped  # in model: the pipeline takes them too
+from oomwatch.model import Garbled, KmsgRecord, Lost, Skipped  # in model: the pipeline takes them too
 
 
-KmsgItem = Union[KmsgRecord, Lost, Garbled, Skipped, ReportMemory]
+KmsgItem = Union[KmsgRecord, Lost, Garbled, Skipped]
 
 
 class CaughtUp(NamedTuple):

@@ -142,8 +142,8 @@ class KernelLogStage:
                                                  f"process?): {item.text:.200}"))
             if out:
                 self.witness.add(out, self._now)
-        elif isinstance(item, Skipped):  # a ReportMemory too: a report's memory part, as the reader kept it
-            self.correlator.skipped(item.count, item.last_seq, getattr(item, "part", None))
+        elif isinstance(item, Skipped):  # with its `part`: a report's memory part, as the reader kept it
+            self.correlator.skipped(item.count, item.last_seq, item.part)
             store.count_kmsg(records=item.count)
         elif isinstance(item, Lost):
             self.correlator.lost(item.count or 0)
