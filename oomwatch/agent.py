@@ -18,7 +18,7 @@ import time
 from typing import Callable, Optional
 
 from oomwatch.config import Config
-from oomwatch.events import OomdMarksRead, StateSaved, Stop, Tick
+from oomwatch.events import StateSaved, Stop, Tick
 from oomwatch.node import (NodePosture, cgroup_root_problem, host_boot_time, node_layout, node_resolver,
                            scraped_workloads)
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
@@ -28,12 +28,12 @@ from oomwatch.sinks.collector import AGENT_CHECKS, AgentStatus, OomwatchCollecto
 from oomwatch.sinks.events import EventsFile
 from oomwatch.sinks.http import HttpSink
 from oomwatch.sources.cgroupfs import CgroupFS, Proc
-from oomwatch.sources.cgroupsource import CgroupSource, ProcessSource, cgroup_namespace_prefix, oomd_marks
-from oomwatch.sources.containerlog import log_tail_read
+from oomwatch.sources.cgroupsource import CgroupSource, ProcessSource, cgroup_namespace_prefix
+from oomwatch.sources.containerlog import ContainerLogs
 from oomwatch.sources.kernellog import KernelLogSource
 from oomwatch.sources.kubeletconfig import KubeletConfigWatch
 from oomwatch.sources.procconn import ProcConnector, ProcConnectorUnavailable
-from oomwatch.sources.raylet import raylet_log_read
+from oomwatch.sources.raylet import RayletLogs
 from oomwatch.sources.statcache import StatCache
 from oomwatch.statefile import StateFile, StateLocked
 from oomwatch.store import Store
@@ -66,6 +66,7 @@ class Agent:
         names = node_resolver(config, self.layout)  # the bundles' names, read by the source
         self.cgroups = CgroupSource(self.fs, names, self.events.put, stat_cache=self.stat_cache,
                                     on_kill=self.kernel_log.wake)
+        self.container_logs, self.raylet = ContainerLogs(config.pod_log_dir), RayletLogs(self.fs, config.proc)
         self.state = StateFileSink(StateFile(config.state_dir)) if config.state_dir else None
         self.sinks: list[Sink] = [LogSink(log)] + _sinks(config, self.pods)
         self.store = Store(grace_seconds=config.grace_period)
@@ -90,7 +91,7 @@ class Agent:
         self.latest.view = View(self.store.snapshot(), (), self.posture.single_process_oom_kill(),
                                 self.state.error if self.state else None)
         self.collector = _collector(self, self.latest)
-        self.http = _http(self.config, self._metrics, self.latest, self.health)
+        self.http = _http(self.config, self._metrics, self.latest, lambda: health_of(self))
         self.http.start()
         if self.pods is not None:  # the first pod list comes while the tree is read
             self.pods.start()
@@ -133,8 +134,8 @@ class Agent:
         for level, message in fx.logs:
             log.log(level, "%s", message)
         for incident in fx.publish:
-            publish_to(self.sinks, incident)
-        apply_deaths(self, fx)
+            publish_to(self.sinks, lambda sink: sink.publish(incident))
+        hand_over(self, fx)
         if fx.save is not None and self.state is not None:
             for sink in [self.state, *self.sinks]:  # the state first: a line never precedes what counts it
                 sink.flush(fx.save)
@@ -150,9 +151,6 @@ class Agent:
     def _metrics(self, accept: str):
         content_type, chunks = self.collector.metrics(accept)
         return content_type, malloc_trimmed(chunks)  # a big scrape's garbage goes back to the kernel
-
-    def health(self) -> tuple[bool, dict]:
-        return health_of(self)
 
     def _fail(self, why: str) -> None:
         self.fatal = self.fatal or why
@@ -201,67 +199,51 @@ class Agent:
         return 0 if signalled.is_set() and not self.fatal else 1
 
 
-def publish_to(sinks: list[Sink], incident) -> None:
+def publish_to(sinks: list[Sink], publish: Callable[[Sink], None]) -> None:
     for sink in sinks:
         try:
-            sink.publish(incident)
+            publish(sink)
         except Exception:  # one sink's failure (an API hiccup) must not cost the others or the next
-            log.exception("sink %s could not take an incident", type(sink).__name__)
+            log.exception("sink %s could not take what was published", type(sink).__name__)
 
 
-def apply_deaths(agent: Agent, fx: Effects) -> None:
-    """Deaths' verdicts to the sinks that show them; the container logs, systemd-oomd marks and Ray raylet.out tails
-    the pipeline asked for, read here and stepped back as LogTailRead / OomdMarksRead / RayLogRead events, so that
-    the pipeline stays pure."""
+def hand_over(agent: Agent, fx: Effects) -> None:
+    """Deaths' verdicts to the sinks that show them; what the pipeline asked to be read, to the source that owns
+    those files (container logs, systemd-oomd's marks, Ray's raylet.out), whose answer is stepped as an event."""
     for death in fx.deaths:
-        for sink in agent.sinks:
-            publish = getattr(sink, "publish_death", None)
-            if publish is None:
-                continue
-            try:
-                publish(death)
-            except Exception:  # as publish_to: one sink's failure must not cost the others
-                log.exception("sink %s could not take a death", type(sink).__name__)
-    for request in fx.read_logs:
-        agent.events.put(log_tail_read(agent.config.pod_log_dir, request.key, request.namespace, request.pod,
-                                       request.pod_uid, request.container))
-    for path in fx.read_marks:  # at once: the unit's cgroup goes soon after its processes
-        agent.events.put(OomdMarksRead(path, *oomd_marks(agent.fs.abspath(path))))
-    for ray in fx.read_ray_logs:  # through a live process of the container: at once, before it stops too
-        agent.events.put(raylet_log_read(ray.key, agent.fs.abspath(ray.cgroup), agent.config.proc))
+        publish_to(agent.sinks, lambda sink: sink.publish_death(death))
+    answers = [*map(agent.container_logs.read, fx.read_logs), *map(agent.cgroups.read_oomd_marks, fx.read_marks),
+               *map(agent.raylet.read, fx.read_ray_logs)]  # (at once: the cgroup and its last processes go soon)
+    for answer in answers:
+        agent.events.put(answer)
 
 
 def health_of(agent: Agent) -> tuple[bool, dict]:
-    """/healthz: 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why; 503
-    "starting" until the tree has been read once."""
-    starting = getattr(agent, "starting", None)
+    """/healthz from what each part last said of itself (its own snapshot: nothing here walks a part's live
+    state): 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why; 503
+    "starting" until the tree and the kernel log's backlog have been read once."""
+    starting = agent.starting or agent.kernel_log.starting()
     if starting:
         return False, {"starting": starting}
-    pump = getattr(agent.kernel_log, "pump", None)
-    if pump is not None and not pump.backlog_read:  # healthy once what the ring held at start is read
-        return False, {"starting": "reading the kernel log's backlog"}
     kmsg_ok, kmsg = agent.kernel_log.health()
-    watcher = agent.cgroups.watcher
+    watch = agent.cgroups.health()
     # Blind: no memory controller, or cgroups this agent cannot read. Cgroups inotify cannot watch are still
     # read (at each scrape, their directories listed every 30 s): said, not failed (a restart gives no watches).
-    blind = agent.blind or (watcher.blind if watcher.unwatched_counts().get("unreadable") else None)
-    cgroups_ok = watcher.alive and watcher.error is None and not blind
-    detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (blind or watcher.error or "not running")}
-    if watcher.blind and not blind:
-        detail["cgroup_watch"] = watcher.blind
-    failing = [sink.file.failing for sink in agent.sinks if getattr(sink, "file", None) is not None
-               and getattr(sink.file, "failing", None)]
-    if failing:  # reported, not fatal: the incidents stay in /incidents and the state
-        detail["events_file"] = failing[0]
-    server = agent.http.server if agent.http is not None else None
-    if server is not None and server.last_scrape_failed:  # until a scrape succeeds again
-        detail["scrape"] = f"the last scrape failed: {server.last_scrape_error}"
+    blind = agent.blind or (watch.blind if watch.unwatched.get("unreadable") else None)
+    cgroups_ok = watch.alive and watch.error is None and not blind
+    detail = {"kmsg": kmsg, "cgroups": "ok" if cgroups_ok else (blind or watch.error or "not running")}
+    if watch.blind and not blind:
+        detail["cgroup_watch"] = watch.blind
+    for part in [*agent.sinks, agent.http]:  # what each says is wrong now: events_file (said), scrape (fails)
+        if part is not None:
+            detail.update(part.health())
     if agent.fatal:
         detail["fatal"] = agent.fatal
-    if agent.latest.view is not None and agent.latest.view.workloads_over_cap:  # blind to those: not healthy
-        detail["workloads"] = f"{agent.latest.view.workloads_over_cap} live workloads over the cap are not exported"
-    if agent.latest.view is not None and agent.latest.view.state_error:  # reported, not fatal: counting goes on in memory
-        detail["state"] = agent.latest.view.state_error
+    view = agent.latest.view
+    if view is not None and view.workloads_over_cap:  # blind to those: not healthy
+        detail["workloads"] = f"{view.workloads_over_cap} live workloads over the cap are not exported"
+    if view is not None and view.state_error:  # reported, not fatal: counting goes on in memory
+        detail["state"] = view.state_error
     if agent.config.proc_connector:  # optional: reported, never fatal
         connector = agent.connector
         detail["proc_connector"] = (connector.error if connector is not None else "not running") or "ok"
@@ -302,7 +284,7 @@ def _blind(config: Config, posture: NodePosture) -> Optional[str]:
 def _collector(agent: Agent, latest: "_Latest") -> OomwatchCollector:
     """/metrics: the pipeline's latest snapshot, and each workload's cgroup files read at the scrape."""
     return OomwatchCollector(latest, lambda: scraped_workloads(
-        agent.latest.view.workloads, agent.stat_cache, agent.fs, agent.cgroups.watcher.unwatched_limits),
+        agent.latest.view.workloads, agent.stat_cache, agent.fs, agent.cgroups.unwatched_limits()),
         lambda: agent.posture.info_with(agent.latest.view.single_process_oom_kill),
         cgroup_parse_errors=lambda: agent.fs.parse_errors, drop=agent.config.drop_series,
         agent_status=lambda: status_of(agent), workloads=lambda: agent.latest.view.workloads)
@@ -313,11 +295,10 @@ def status_of(agent: Agent) -> AgentStatus:
     _, detail = health_of(agent)
     checks = {c: True for c in AGENT_CHECKS if c != "proc_connector" or agent.config.proc_connector}
     checks.update({c: value == "ok" for c, value in detail.items() if c in checks})
-    server = agent.http.server if agent.http is not None else None
     return AgentStatus(
-        checks=checks, failed_scrapes=server.failed_scrapes if server is not None else 0,
-        unwatched=agent.cgroups.watcher.unwatched_counts(),
-        events_file_errors=sum(s.file.errors for s in agent.sinks if isinstance(s, EventsFileSink)),
+        checks=checks, failed_scrapes=agent.http.failed_scrapes if agent.http is not None else 0,
+        unwatched=agent.cgroups.health().unwatched,
+        events_file_errors=sum(s.errors for s in agent.sinks if isinstance(s, EventsFileSink)),
         workloads_over_cap=agent.latest.view.workloads_over_cap if agent.latest.view is not None else 0)
 
 

@@ -2,8 +2,9 @@
 
 Sources read (the kernel log, the cgroup tree, the proc connector, the kubelet's config) and emit these; the
 pipeline (oomwatch.pipeline) takes them one at a time in `step(event, now)` and never reads anything itself.
-Each event carries everything the pipeline will need of what was read, so that a recorded sequence of events
-replays to the same incidents, counts and state (tests/test_pipeline_replay.py). docs/loop.md has the picture.
+The requests here go the other way: what a stage asks a source to read (in Effects), answered by an event. Each
+event carries everything the pipeline will need of what was read, so that a recorded sequence of events replays
+to the same incidents, counts and state (tests/test_pipeline_replay.py). docs/loop.md has the picture.
 """
 
 from __future__ import annotations
@@ -137,6 +138,26 @@ class ProcessExited(NamedTuple):
     signal: Optional[int]
     time: float
     code: Optional[int] = None
+
+
+class LogRequest(NamedTuple):
+    """A container log the pipeline wants the last lines of (Effects.read_logs): the container-log source reads it
+    (sources.containerlog.ContainerLogs) and answers with a LogTailRead."""
+
+    key: str  # the death's (its workload cgroup)
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+
+
+class RayLogRequest(NamedTuple):
+    """A Ray pod's raylet.out the pipeline wants the tail of, for a SIGKILL death in `cgroup` (its workload
+    cgroup: the container's), in Effects.read_ray_logs: the raylet source (sources.raylet.RayletLogs) reads it through a
+    process still alive in that cgroup (the raylet runs in the Ray container) and answers with a RayLogRead."""
+
+    key: str  # the death's (its workload cgroup)
+    cgroup: str
 
 
 class OomdMarksRead(NamedTuple):

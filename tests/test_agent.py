@@ -125,19 +125,22 @@ def test_a_failed_source_is_503_with_the_reason_then_the_agent_exits_1(tmp_path:
     that dies (fatal): /healthz says both with 503 while /metrics still serves the tree, then the process
     exits 1 so that it is restarted. The agent is held from stopping until the scraper has seen the 503 (a
     loaded machine may not schedule the scraper within any grace period): the test waits for that state."""
+    import errno
+    import shutil
     import threading
 
     import oomwatch.agent as agent_module
     from oomwatch.agent import Agent
-    from oomwatch.sources.cgroupfs import CgroupWatcher
+    from oomwatch.sources.inotify import INotify
 
-    def dies(self):
-        self.alive = False
-        self.error = "cgroup watcher stopped: the inotify descriptor went bad"
+    def goes_bad(self, timeout=None):
+        raise OSError(errno.EBADF, "the inotify descriptor went bad")
 
-    monkeypatch.setattr(CgroupWatcher, "run", dies)
+    monkeypatch.setattr(INotify, "read", goes_bad)  # at the watcher's first event: it stops, and says why
     monkeypatch.setattr(agent_module, "FATAL_GRACE_SECONDS", 0.5)
-    agent = Agent(agent_config(tmp_path, kmsg=str(tmp_path / "no-such-kmsg")))
+    tree = tmp_path / "cgroup"
+    shutil.copytree(GOLDEN / "cgroup", tree)
+    agent = Agent(agent_config(tmp_path, kmsg=str(tmp_path / "no-such-kmsg"), cgroup_root=str(tree)))
     seen: dict = {}
     scraped = threading.Event()
     stop = agent.stop
@@ -150,6 +153,7 @@ def test_a_failed_source_is_503_with_the_reason_then_the_agent_exits_1(tmp_path:
 
     def scrape() -> None:
         def served() -> bool:
+            (tree / "a" / "memory.events").write_text("oom 0\n")  # an event for the watcher (it then fails)
             try:
                 seen["health"] = http_get(base_url(agent) + "/healthz")
                 seen["metrics"] = http_get(base_url(agent) + "/metrics")

@@ -8,7 +8,8 @@ import shutil
 from pathlib import Path
 
 from oomwatch.parse.gpulog import GPU
-from oomwatch.sources.containerlog import container_log_dir, log_tail_read, read_log_tail
+from oomwatch.events import LogRequest
+from oomwatch.sources.containerlog import ContainerLogs, container_log_dir, read_log_tail
 
 GPULOG = Path(__file__).resolve().parents[1] / "fixtures" / "gpulogs" / "pytorch-16417-torch2.2-cuda-oom.split.cri.log"
 
@@ -40,15 +41,17 @@ def test_the_latest_run_of_the_container_is_read(tmp_path: Path) -> None:
     shutil.copy(GPULOG, folder / "1.log")  # the run that died: restart count 1
     (folder / "0.log").write_text("2026-11-26T10:00:00.000000000Z stdout F an earlier run ended well\n")
     (folder / "notes.txt").write_text("CUDA out of memory. Tried to allocate 2.00 GiB\n")  # not a run's log
-    answer = log_tail_read(str(tmp_path), "/kubepods/ctr", "ml", "train-0", "0f1e", "trainer")
+    logs, request = ContainerLogs(str(tmp_path)), LogRequest("/kubepods/ctr", "ml", "train-0", "0f1e", "trainer")
+    answer = logs.read(request)
     assert answer.key == "/kubepods/ctr"
     assert answer.finding is not None and answer.finding.memory == GPU and answer.finding.device == 0
     (folder / "2.log").write_text("2026-11-26T10:05:00.000000000Z stdout F restarted, training again\n")
-    assert log_tail_read(str(tmp_path), "/kubepods/ctr", "ml", "train-0", "0f1e", "trainer").finding is None
+    assert logs.read(request).finding is None
 
 
 def test_a_pod_without_logs_reads_as_nothing(tmp_path: Path) -> None:
-    assert log_tail_read(str(tmp_path), "k", "ml", "gone-0", "0f1e", "trainer").finding is None
-    assert log_tail_read(str(tmp_path), "k", "ml", "..", "0f1e", "trainer").finding is None
+    logs = ContainerLogs(str(tmp_path))
+    assert logs.read(LogRequest("k", "ml", "gone-0", "0f1e", "trainer")).finding is None
+    assert logs.read(LogRequest("k", "ml", "..", "0f1e", "trainer")).finding is None
     (tmp_path / "ml_empty-0_0f1e" / "trainer").mkdir(parents=True)
-    assert log_tail_read(str(tmp_path), "k", "ml", "empty-0", "0f1e", "trainer").finding is None
+    assert logs.read(LogRequest("k", "ml", "empty-0", "0f1e", "trainer")).finding is None

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from oomwatch.agent import health_of
-from oomwatch.config import Config
 from oomwatch.events import CgroupAdded
 from oomwatch.store import MAX_WORKLOADS, Store
 from oomwatch.workloads import WorkloadResolver
+from tests.test_agent_health import agent
 from oomwatch.workloads.runtime import RuntimeNames
 from tests.replay import Replay, live_settings, tree_events
 
@@ -48,14 +47,7 @@ def exported(replay: Replay) -> list[str]:
 
 
 def healthz(replay: Replay) -> tuple[bool, dict]:
-    view = replay.pipeline.view()
-    return health_of(SimpleNamespace(
-        kernel_log=SimpleNamespace(health=lambda: (True, "ok")),
-        cgroups=SimpleNamespace(watcher=SimpleNamespace(alive=True, error=None, blind=None,
-                                                        unwatched_counts=lambda: {})),
-        sinks=[], blind=None, fatal=None, config=Config(), latest=SimpleNamespace(view=view),
-        http=SimpleNamespace(server=SimpleNamespace(last_scrape_failed=False, last_scrape_error=None)),
-        connector=None))
+    return health_of(agent(view=replay.pipeline.view()))
 
 
 def test_20000_hostile_cgroups_of_one_user_are_one_workload_and_a_later_pod_is_exported() -> None:

@@ -667,12 +667,15 @@ def test_a_failed_scrape_is_counted_with_its_error() -> None:
     metrics.fail = True
     with serving(metrics) as sink:
         assert (sink.failed_scrapes, sink.last_scrape_error, sink.last_scrape_failed) == (0, None, False)
+        assert sink.health() == {}
         assert get(sink)[0] == 500
         assert wait_for(lambda: sink.failed_scrapes == 1)
         assert sink.last_scrape_error == "RuntimeError: scrape broke" and sink.last_scrape_failed
+        assert sink.health() == {"scrape": "the last scrape failed: RuntimeError: scrape broke"}  # (/healthz: 503)
         metrics.fail = False
         assert get(sink) == (200, BODY)
         assert wait_for(lambda: not sink.last_scrape_failed)
+        assert sink.health() == {}
         assert sink.failed_scrapes == 1 and sink.last_scrape_error == "RuntimeError: scrape broke"
 
 

@@ -16,9 +16,10 @@ from oomwatch.model import death_key_of_json, incident_key_of_json
 from oomwatch.pipeline import POD_STATUS_WAIT_SECONDS, Effects, Settings
 from oomwatch.sinks.events import EventsFile, written_keys
 from oomwatch.sources.cgroupfs import Proc
-from oomwatch.sources.containerlog import log_tail_read
+from oomwatch.sources.containerlog import ContainerLogs
 from oomwatch.store import Store
 from oomwatch.timefmt import parse_iso8601
+from oomwatch.workloads import WorkloadResolver
 from tests.conftest import BOOT_TIME, DETECTED_AT, FIXTURES, raw_records
 from tests.replay import (LiveReader, RecordedTree, Replay, live_settings, pod_updated, pods_listed, saved_log_events,
                           tree_events)
@@ -269,7 +270,7 @@ def test_a_cuda_oom_in_the_log_of_a_main_process_that_exited_1_is_gpu_oom(tmp_pa
     folder.mkdir(parents=True)
     (folder / "0.log").write_text("2026-11-26T10:00:00.000000000Z stdout F an earlier run ended well\n")
     shutil.copy(GPULOG, folder / "1.log")
-    answer = log_tail_read(str(pods), request.key, request.namespace, request.pod, request.pod_uid, request.container)
+    answer = ContainerLogs(str(pods)).read(request)
     assert answer.key == request.key and answer.finding is not None
     replay.step(answer, BOOT + 32.6)
     [death] = replay.deaths
@@ -376,18 +377,24 @@ def test_a_mark_older_than_the_agent_is_not_taken_for_this_kill(tmp_path: Path) 
 
 
 def test_the_marks_are_read_as_systemd_oomd_writes_them(tmp_path: Path) -> None:
-    """user.* xattrs (cgroupfs has them since 5.7; a temporary directory stands in here): decimal text."""
+    """user.* xattrs (cgroupfs has them since 5.7; a temporary directory stands in here): decimal text, read by
+    the cgroup source when the pipeline asks (Effects.read_marks)."""
     import os
 
-    from oomwatch.sources.cgroupsource import oomd_marks
+    from oomwatch.sources.cgroupfs import CgroupFS
+    from oomwatch.sources.cgroupsource import CgroupSource
 
     unit = tmp_path / "unit.service"
     unit.mkdir()
-    assert oomd_marks(str(unit)) == (None, None)
-    os.setxattr(unit, "user.oomd_ooms", b"3")
-    os.setxattr(unit, "user.oomd_kill", b"12")
-    assert oomd_marks(str(unit)) == (3, 12)
-    assert oomd_marks(str(tmp_path / "gone.service")) == (None, None)
+    source = CgroupSource(CgroupFS(str(tmp_path)), WorkloadResolver(), lambda event: None)
+    try:
+        assert source.read_oomd_marks("/unit.service") == OomdMarksRead("/unit.service", None, None)
+        os.setxattr(unit, "user.oomd_ooms", b"3")
+        os.setxattr(unit, "user.oomd_kill", b"12")
+        assert source.read_oomd_marks("/unit.service") == OomdMarksRead("/unit.service", 3, 12)
+        assert source.read_oomd_marks("/gone.service") == OomdMarksRead("/gone.service", None, None)
+    finally:
+        source.watcher.close()
 
 
 def evicted_pod(reason: str | None) -> dict:
@@ -497,7 +504,8 @@ def test_a_ray_worker_killed_by_rays_memory_monitor_is_named_from_raylet_out(tmp
     finds it through a live process of the container, and raylet.out names the worker by its pid in the
     container: the sender is Ray's memory monitor, and no OOM kill is counted."""
     from oomwatch.pipeline import RAY_LOG_WAIT_SECONDS, RayLogRequest
-    from oomwatch.sources.raylet import raylet_log_read
+    from oomwatch.sources.cgroupfs import CgroupFS
+    from oomwatch.sources.raylet import RayletLogs
 
     replay, recorded = k8s_node(tmp_path)
     recorded.close()
@@ -512,7 +520,8 @@ def test_a_ray_worker_killed_by_rays_memory_monitor_is_named_from_raylet_out(tmp
     (session / "logs").mkdir(parents=True)
     (session / "logs" / "raylet.out").write_text(RAY_SUMMARY.read_text() + "\n" + RAYLET_KILLS.read_text())
     (session.parent / "session_latest").symlink_to("/tmp/ray/session_2026-11-26_14-00-00_123456_1")
-    read = raylet_log_read(CONTAINER, str(tmp_path / "cgroup") + CONTAINER, proc_root=str(tmp_path / "proc"))
+    [request] = fx.read_ray_logs  # read by the raylet source, as the agent has it
+    read = RayletLogs(CgroupFS(str(tmp_path / "cgroup")), str(tmp_path / "proc")).read(request)
     assert read.killed_pids == {3310152, 3310153} and read.error is None
     fx = replay.step(read, BOOT + 8.2)
     assert fx.read_ray_logs == []  # once per death
@@ -544,15 +553,16 @@ def test_no_raylet_out_judges_without_it(tmp_path: Path) -> None:
     """No Ray session where Ray puts it by default (or the container gone): the read says None, and the death is
     judged at once with what else is known; no answer at all: judged when the wait ends."""
     from oomwatch.pipeline import RAY_LOG_WAIT_SECONDS
-    from oomwatch.sources.raylet import raylet_log_read
+    from oomwatch.sources.cgroupfs import CgroupFS
+    from oomwatch.sources.raylet import RayletLogs
 
     replay, recorded = k8s_node(tmp_path)
     recorded.close()
     with_ray_pod(replay, ray_pod(labels={"ray.io/node-type": "head"}, owner_kind=None))  # the label alone
-    assert ray_worker_sigkilled(replay).read_ray_logs
+    [request] = ray_worker_sigkilled(replay).read_ray_logs
     (tmp_path / "cgroup" / CONTAINER.lstrip("/") / "cgroup.procs").write_text("5001\n")
     (tmp_path / "proc" / "5001" / "root" / "tmp").mkdir(parents=True)
-    read = raylet_log_read(CONTAINER, str(tmp_path / "cgroup") + CONTAINER, proc_root=str(tmp_path / "proc"))
+    read = RayletLogs(CgroupFS(str(tmp_path / "cgroup")), str(tmp_path / "proc")).read(request)
     assert read.killed_pids is None and read.error is None  # a missing file is normal: nothing to say
     fx = replay.step(read, BOOT + 8.2)
     assert fx.logs == [] and not waits_for(replay, "ray")

@@ -1,6 +1,6 @@
 """The cgroup watcher where inotify runs out or the agent may not read: every cgroup is still reported, what is
-not watched is said once, counted and exposed (`blind`, `unwatched_counts()`), and the tree is watched again when
-watches are freed. Real kernel errors: ENOSPC from a user namespace whose `user.max_inotify_watches` is small
+not watched is said once, counted and exposed (its `health`: `blind` and the `unwatched` counts), and the tree is
+watched again when watches are freed. Real kernel errors: ENOSPC from a user namespace whose `user.max_inotify_watches` is small
 (the host's limit is untouched), EACCES from a child that drops to a uid no process uses (so no other process
 holds that uid's inotify budget). Removal costs what is removed."""
 
@@ -73,7 +73,7 @@ set_limit(100)  # this user namespace's own limit: the host's is not touched
 cgroupfs.UNWATCHED_RESCAN_SECONDS = 0.2
 watcher._max_user_watches = "/proc/sys/user/max_inotify_watches"
 found = watcher.start_watching()
-out = {"found": len(found), "blind": watcher.blind, "counts": watcher.unwatched_counts(),
+out = {"found": len(found), "blind": watcher.health.blind, "counts": watcher.health.unwatched,
        "unwatched_limits": len(watcher.unwatched_limits), "watch_errors": watcher.watch_errors}
 thread = threading.Thread(target=watcher.run, daemon=True)
 thread.start()
@@ -91,8 +91,8 @@ os.mkdir(TREE + last + "/late")
 out["late_found"] = wait(lambda: last + "/late" in seen["added"])
 busy.set()
 set_limit(100000)
-out["watched_again"] = wait(lambda: watcher.blind is None)
-out["counts_after"] = watcher.unwatched_counts()
+out["watched_again"] = wait(lambda: watcher.health.blind is None)
+out["counts_after"] = watcher.health.unwatched
 out["unwatched_limits_after"] = len(watcher.unwatched_limits)
 watcher.stop()
 thread.join(5)
@@ -161,7 +161,7 @@ os.setresuid(UID, UID, UID)
 
 UNREADABLE = CHILD_COMMON + """
 found = watcher.start_watching()
-print(json.dumps({"found": sorted(found), "blind": watcher.blind, "counts": watcher.unwatched_counts(),
+print(json.dumps({"found": sorted(found), "blind": watcher.health.blind, "counts": watcher.health.unwatched,
                   "unwatched_limits": sorted(watcher.unwatched_limits), "lines": said.lines}))
 """
 

@@ -28,6 +28,11 @@ class Sink(Protocol):
 
     def close(self) -> None: ...
 
+    def health(self) -> dict[str, str]:
+        """What is wrong with it now, for /healthz: {check: why}; {} while nothing is. Read from the HTTP thread:
+        only what the sink's own thread replaced whole."""
+        ...
+
 
 class NoLifecycle:
     """No-ops for the parts of the lifecycle a sink does not need."""
@@ -46,6 +51,9 @@ class NoLifecycle:
 
     def close(self) -> None:
         pass
+
+    def health(self) -> dict[str, str]:
+        return {}
 
 
 class LogSink(NoLifecycle):
@@ -110,6 +118,15 @@ class EventsFileSink(NoLifecycle):
     def close(self) -> None:
         self.file.flush()  # whatever a failed state save left held
         self.file.close()
+
+    def health(self) -> dict[str, str]:  # reported, not fatal: the incidents stay in /incidents and the state
+        failing = self.file.failing
+        return {"events_file": failing} if failing else {}
+
+    @property
+    def errors(self) -> int:
+        """Incidents that could not be written when published."""
+        return self.file.errors
 
 
 class StateFileSink(NoLifecycle):

@@ -163,6 +163,11 @@ class HttpSink:
     def last_scrape_failed(self) -> bool:
         return self.server.last_scrape_failed
 
+    def health(self) -> dict[str, str]:
+        """A failed scrape, until one succeeds again (the server's thread sets both)."""
+        error = self.server.last_scrape_error
+        return {"scrape": f"the last scrape failed: {error}"} if self.server.last_scrape_failed else {}
+
     def _route(self, request: Request) -> Answer:
         if request.path == "/healthz":
             ok, detail = self._health()

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from oomwatch.model import CgroupStats
 from oomwatch.parse.cgroup import (
@@ -262,6 +262,16 @@ MAX_USER_WATCHES = "/proc/sys/fs/inotify/max_user_watches"
 USER_NS_MAX_WATCHES = "/proc/sys/user/max_inotify_watches"
 
 
+class WatchHealth(NamedTuple):
+    """What the watcher says of itself to other threads (/healthz, the metrics): replaced whole by the thread
+    that changes it, so that a reader never walks the watcher's live sets."""
+
+    alive: bool = False
+    error: Optional[str] = None  # why it stopped
+    blind: Optional[str] = None  # why part of the tree is not watched (None: all of it is)
+    unwatched: dict[str, int] = {"inotify_watches": 0, "unreadable": 0}  # cgroups not fully watched, by reason
+
+
 class CgroupWatcher:
     """inotify on every cgroup directory (new and removed children), every `memory.events` and every
     `cgroup.events` (the kernel signals each change with IN_MODIFY; `cgroup.events` changes when a cgroup
@@ -271,9 +281,9 @@ class CgroupWatcher:
     `on_populated(path)`.
 
     A cgroup whose watches cannot all be placed is still reported (on_added) and kept in `known()`: out of
-    inotify watches (`fs.inotify.max_user_watches`) or unreadable to this agent. `blind` says why for /healthz
-    (None while every cgroup is watched); `unwatched_counts()` gives the numbers for a metric; the log says it
-    once when it starts and once when it ends. `unwatched_limits` holds the cgroups whose memory.events,
+    inotify watches (`fs.inotify.max_user_watches`) or unreadable to this agent. `health` (a WatchHealth,
+    replaced whole by the watcher's thread) says why for /healthz and gives the numbers for a metric; the log
+    says it once when it starts and once when it ends. `unwatched_limits` holds the cgroups whose memory.events,
     memory.max or memory.oom.group is not watched (a scrape reads those every time). While directories are
     unwatched they are listed every UNWATCHED_RESCAN_SECONDS, and watches freed by removed cgroups are used
     for them again. Removal costs what is removed, not what is watched (a children index)."""
@@ -309,6 +319,8 @@ class CgroupWatcher:
         self._closed = False
         self.error: Optional[str] = None
         self.alive = False
+        self.health = WatchHealth()  # what other threads read of the above (and of the sets), replaced whole
+        self._published: tuple = (False, None, 0, 0)
         self.callback_errors = 0  # callbacks that raised: logged with their cgroup, the watcher goes on
         # Counters for metrics: each time a cgroup became not fully watched, by reason (not each refused call, nor
         # each retry).
@@ -331,30 +343,30 @@ class CgroupWatcher:
             stack.extend(self._children.get(p, ()))
         return found
 
-    @property
-    def blind(self) -> Optional[str]:
-        """Why part of the tree is not watched, for /healthz; None while every cgroup is."""
+    def _blind(self) -> Optional[str]:
+        """Why part of the tree is not watched; None while every cgroup is (on the watcher's thread)."""
         parts = []
         if self._starved:
             parts.append(f"{len(self._starved)} cgroup(s) not fully watched: out of inotify watches (raise the "
                          f"sysctl fs.inotify.max_user_watches, now {self._watch_limit()})")
         if self._unreadable:
-            try:  # read on the HTTP thread while the watcher may change it
-                example = next(iter(self._unreadable.values()))
-            except (RuntimeError, StopIteration):
-                example = "(changing)"
             parts.append(f"{len(self._unreadable)} cgroup(s) unreadable to this agent (uid {os.geteuid()}), "
-                         f"e.g. {example}")
+                         f"e.g. {next(iter(self._unreadable.values()))}")
         return "; ".join(parts) or None
+
+    def _publish(self) -> None:
+        """Replace `health` when what it says changed (on the thread that changes the sets it counts)."""
+        seen = (self.alive, self.error, len(self._starved), len(self._unreadable))
+        if seen != self._published:
+            self._published = seen
+            self.health = WatchHealth(self.alive, self.error, self._blind(),
+                                      {"inotify_watches": seen[2], "unreadable": seen[3]})
 
     @property
     def watches(self) -> int:
         """The inotify watches held (each counts against fs.inotify.max_user_watches)."""
         return sum(map(len, self._wd_path))
 
-    def unwatched_counts(self) -> dict[str, int]:
-        """Cgroups not fully watched now, by reason (a gauge)."""
-        return {"inotify_watches": len(self._starved), "unreadable": len(self._unreadable)}
 
     # --- watching --------------------------------------------------------------------------------------
 
@@ -481,15 +493,16 @@ class CgroupWatcher:
         import select
 
         flags = self._flags
-        poller = select.poll()
-        poller.register(self._inotify.fileno(), select.POLLIN)
-        poller.register(self._stop_r, select.POLLIN)
-        self.alive = True
-        rescan_at = time.monotonic() + UNWATCHED_RESCAN_SECONDS
         # What a cgroup's watches say that matters: a file modified, the directory itself gone, a child directory
         # made, removed or moved (IN_ISDIR is set only for directories)
         wanted = flags.MODIFY | flags.DELETE_SELF | flags.ISDIR
         try:
+            poller = select.poll()
+            poller.register(self._inotify.fileno(), select.POLLIN)
+            poller.register(self._stop_r, select.POLLIN)
+            self.alive = True
+            self._publish()
+            rescan_at = time.monotonic() + UNWATCHED_RESCAN_SECONDS
             while True:
                 # Blocks for good while everything is watched; wakes to list unwatched directories otherwise.
                 unwatched = bool(self._unwatched_dirs or self._starved or self._unreadable)
@@ -558,6 +571,7 @@ class CgroupWatcher:
             log.exception("cgroup watcher stopped")
         finally:
             self.alive = False
+            self._publish()
 
     def _call(self, callback: CgroupCallback, path: str) -> None:
         """One cgroup's trouble (a file no kernel writes, a bug) must not stop the watch of all the others."""
@@ -694,7 +708,8 @@ class CgroupWatcher:
         return str(min(limits)) if limits else "unknown"
 
     def _say(self) -> None:
-        """One log line when part of the tree stops being watched, one when all of it is again."""
+        """One log line when part of the tree stops being watched, one when all of it is again; `health` anew."""
+        self._publish()
         now = (bool(self._starved), bool(self._unreadable))
         if now == self._said:
             return

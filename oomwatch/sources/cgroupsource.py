@@ -17,6 +17,7 @@ from oomwatch.events import (
     CgroupRemoved,
     MemoryStatRead,
     NamesRead,
+    OomdMarksRead,
     ProcessExeced,
     ProcessExited,
     ProcessForked,
@@ -25,7 +26,7 @@ from oomwatch.parse.cgroup import parse_limit
 from oomwatch.model import STAT_KEYS_USED
 from oomwatch.parse.memstat import parse_memory_stat_block
 from oomwatch.parse.oomd import parse_oomd_xattr
-from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc, cat
+from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc, WatchHealth, cat
 from oomwatch.workloads import WorkloadResolver
 
 # A cgroup's pid list is re-read at most this often while it sits at its limit.
@@ -126,6 +127,20 @@ class CgroupSource:
         it still exists; what it said (None: nothing), for the agent to step at once."""
         self._unnamed.add(path)
         return NamesRead(path, self._names_again(path))
+
+    def read_oomd_marks(self, path: str) -> OomdMarksRead:
+        """systemd-oomd's marks on the unit cgroup `path` (the pipeline asked: Effects.read_marks), read now: the
+        unit's cgroup goes soon after its processes."""
+        return OomdMarksRead(path, *oomd_marks(self.fs.abspath(path)))
+
+    def health(self) -> WatchHealth:
+        """What the watcher last said of itself (replaced whole by its thread: safe to read from any other)."""
+        return self.watcher.health
+
+    def unwatched_limits(self) -> set[str]:
+        """Cgroups whose limits are not watched (a scrape reads them every time): membership tests only, from
+        other threads (the watcher changes the set)."""
+        return self.watcher.unwatched_limits
 
     # --- watcher callbacks (the watcher's thread) -----------------------------------------------------------
 

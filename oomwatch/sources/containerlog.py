@@ -13,7 +13,7 @@ import os
 import stat
 from typing import Optional
 
-from oomwatch.events import LogTailRead
+from oomwatch.events import LogRequest, LogTailRead
 from oomwatch.parse.gpulog import MAX_TAIL_BYTES, parse_log_tail
 
 
@@ -57,9 +57,14 @@ def latest_log_tail(pod_log_root: str, namespace: str, pod: str, pod_uid: str, c
     return read_log_tail(f"{folder}/{max(runs)}.log") if runs else None
 
 
-def log_tail_read(pod_log_root: str, key: str, namespace: str, pod: str, pod_uid: str,
-                  container: str) -> LogTailRead:
-    """The LogTailRead answer for the death `key`: what the container's latest log says about memory
-    (oomwatch.parse.gpulog.parse_log_tail), None when nothing was read or it says nothing."""
-    data = latest_log_tail(pod_log_root, namespace, pod, pod_uid, container)
-    return LogTailRead(key, parse_log_tail(data) if data else None)
+class ContainerLogs:
+    """The kubelet's pod logs below `pod_log_root`, read when the pipeline asks (Effects.read_logs)."""
+
+    def __init__(self, pod_log_root: str) -> None:
+        self.root = pod_log_root
+
+    def read(self, request: LogRequest) -> LogTailRead:
+        """The answer for the death `request.key`: what the container's latest log says about memory
+        (oomwatch.parse.gpulog.parse_log_tail), None when nothing was read or it says nothing."""
+        data = latest_log_tail(self.root, request.namespace, request.pod, request.pod_uid, request.container)
+        return LogTailRead(request.key, parse_log_tail(data) if data else None)

@@ -149,6 +149,12 @@ class KernelLogSource:
         if self.pump is not None:
             self.pump.wake()
 
+    def starting(self) -> Optional[str]:
+        """Why the agent is not ready yet on the kernel log's side: what the ring held at start is being read."""
+        if self.pump is not None and not self.pump.backlog_read:
+            return "reading the kernel log's backlog"
+        return None
+
     def health(self) -> tuple[bool, str]:
         if self.saved:
             return self.error is None, self.error or "ok"

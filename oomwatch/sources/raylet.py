@@ -25,15 +25,26 @@ import os
 import stat
 from typing import Optional
 
-from oomwatch.events import RayLogRead
+from oomwatch.events import RayLogRead, RayLogRequest
 from oomwatch.parse.cgroup import parse_pids
 from oomwatch.parse.raylet import ray_killed_pids
-from oomwatch.sources.cgroupfs import cat
+from oomwatch.sources.cgroupfs import CgroupFS, cat
 
 RAYLET_OUT = "tmp/ray/session_latest/logs/raylet.out"  # under the container's root (Ray's default temp dir)
 RAYLET_TAIL_BYTES = 64 << 10
 RAY_PIDS_TRIED = 4  # live processes of the container tried in turn (one that exits meanwhile: the next)
 MAX_LINKS = 8
+
+
+class RayletLogs:
+    """Ray pods' raylet.out, read when the pipeline asks (Effects.read_ray_logs) through a live process of the
+    container's cgroup in `fs`."""
+
+    def __init__(self, fs: CgroupFS, proc_root: str = "/proc") -> None:
+        self.fs, self.proc_root = fs, proc_root
+
+    def read(self, request: RayLogRequest) -> RayLogRead:
+        return raylet_log_read(request.key, self.fs.abspath(request.cgroup), self.proc_root)
 
 
 def raylet_log_read(key: str, cgroup_dir: str, proc_root: str = "/proc") -> RayLogRead:

@@ -15,29 +15,11 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, NamedTuple, Optional, Protocol
 
 from oomwatch.deaths import Death
+from oomwatch.events import LogRequest, RayLogRequest  # (what the stages ask the sources to read)
 from oomwatch.model import Incident
 from oomwatch.nodestate import NodeState
 from oomwatch.store import Store
 from oomwatch.workloads import WorkloadResolver
-
-
-class LogRequest(NamedTuple):
-    """A container log the pipeline wants the last lines of (the agent reads it and steps a LogTailRead)."""
-
-    key: str  # the death's (its workload cgroup)
-    namespace: str
-    pod: str
-    pod_uid: str
-    container: str
-
-
-class RayLogRequest(NamedTuple):
-    """A Ray pod's raylet.out the pipeline wants the tail of, for a SIGKILL death in `cgroup` (its workload
-    cgroup: the container's): the agent reads it through a process still alive in that cgroup (the raylet runs in
-    the Ray container) and steps a RayLogRead."""
-
-    key: str  # the death's (its workload cgroup)
-    cgroup: str
 
 
 @dataclass
