@@ -3,7 +3,8 @@
 When a group kill reaches a container's PID 1, the kernel tears the pid namespace down and the other
 processes die unlogged (docs/kernel-facts.md). A group kill therefore waits for their exit events before it is
 published: `wait` seconds, or less when the kernel-log stage knows more (`add(..., wait)`: none when every process
-its group held has a line or an exit; `group_emptied`: briefly once its group is empty; docs/loop.md), and
+its group held has a line or an exit; `shorten`: when a new reading of its group says so, e.g. briefly once its
+group is empty; docs/loop.md), and
 whatever follows it waits its turn: incidents go out in kernel order.
 Owned by the pipeline (one thread, fed by events); times are the pipeline's `now`, given with each call.
 """
@@ -39,9 +40,9 @@ class WitnessQueue:
         for incident in incidents:
             self._awaiting.append((now + (wait if incident.kind == "group" and incident.killed else 0.0), incident))
 
-    def group_emptied(self, group: str, now: float, wait_of: Callable[[Incident], float]) -> None:
-        """`group` has no process left: its group kills waiting here wait no longer than `wait_of(incident)` from
-        now (their exits are all but in)."""
+    def shorten(self, group: str, now: float, wait_of: Callable[[Incident], float]) -> None:
+        """A new reading of `group` (its pids, or none left): its group kills waiting here wait no longer than
+        `wait_of(incident)` from now (never longer than they did)."""
         self._awaiting = deque((min(due, now + wait_of(incident)) if incident.group_cgroup == group else due, incident)
                                for due, incident in self._awaiting)
 

@@ -151,9 +151,9 @@ def test_a_group_kill_whose_every_process_has_its_line_does_not_wait_for_exits()
     assert [i.kind for i in replay.published] == ["group"]
 
 
-def test_a_group_kill_released_by_the_next_report_waits_for_its_exits_only_until_its_group_is_empty() -> None:
-    """The next report's kill line finishes a group kill before its group is empty: it waits for the proc
-    connector's exits (witness_wait), but no longer than its group being seen empty by a reading that counted it."""
+def released_by_the_next_report() -> Replay:
+    """The slow listing's group kill, then the next report's kill line (a single kill of /a), read at 100.6 s;
+    the group's pids read only before the kill."""
     victim = at(GROUP_LOG, "Killed process 162 (dd)")
     boot = 100.0 - GROUP_LOG[victim].usec / 1e6
     replay = Replay(live_settings(boot_time=boot, witness_wait=0.5), now=100.0)
@@ -164,8 +164,35 @@ def test_a_group_kill_released_by_the_next_report_waits_for_its_exits_only_until
     replay.step(KernelLog(GROUP_LOG + [nxt], drained_at=100.6), now=100.6)  # the group kill, then another kill
     replay.advance_to(100.65)
     assert replay.published == []  # finished by the next kill line, waiting for its exits
+    return replay
+
+
+def test_a_group_kill_released_by_the_next_report_waits_for_its_exits_only_until_its_group_is_empty() -> None:
+    """The next report's kill line finishes a group kill before its group is empty: it waits for the proc
+    connector's exits (witness_wait), but no longer than its group being seen empty by a reading that counted it."""
+    replay = released_by_the_next_report()
     replay.step(emptied(group_kills=1), now=100.7)
     assert [i.kind for i in replay.published][:1] == ["group"]  # every process it held has its line: no wait
+
+
+def test_a_group_kill_released_by_the_next_report_goes_out_at_a_reading_that_names_all_it_held() -> None:
+    """The same, when the group's pids are read after the kill was counted (the cgroup source reads them when
+    oom_group_kill moves) before it is empty: every pid it held has its line, so no exit is missing: it goes out at
+    that reading, not when the group is seen empty nor witness_wait later (the storm's tail of 2026-11-28)."""
+    replay = released_by_the_next_report()
+    counted = {"max": 1, "oom": 1, "oom_kill": 6, "oom_group_kill": 1}
+    replay.step(CgroupChanged(GROUP, 7, counted, 1, True, {GROUP: PIDS}), now=100.7)
+    assert [i.kind for i in replay.published][:1] == ["group"]
+
+
+def test_a_reading_with_a_process_the_lines_do_not_name_keeps_it_waiting_for_its_exit() -> None:
+    replay = released_by_the_next_report()
+    counted = {"max": 1, "oom": 1, "oom_kill": 6, "oom_group_kill": 1}
+    replay.step(CgroupChanged(GROUP, 7, counted, 1, True, {GROUP: PIDS + (170,)}), now=100.7)
+    replay.advance_to(101.0)
+    assert replay.published == []  # pid 170: no line, no exit yet (it may have died unlogged)
+    replay.advance_to(101.11)  # the witness wait (0.5 s from 100.6) is over: out, without 170
+    assert [i.kind for i in replay.published][:1] == ["group"]
 
 
 def test_a_group_kill_is_complete_once_its_lines_name_every_process_its_group_held_after_the_kill() -> None:

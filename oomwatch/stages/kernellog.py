@@ -140,8 +140,8 @@ class KernelLogStage:
                 fx.logs.append((logging.WARNING, f"kernel log: rejected an OOM line from syslog facility "
                                                  f"{item.priority >> 3}, not the kernel (written to /dev/kmsg by a "
                                                  f"process?): {item.text:.200}"))
-            if out:
-                self.witness.add(out, self._now)
+            for incident in out:  # finished by the next report's first line: its exits, as the counters' own
+                self.witness.add([incident], self._now, self._exits_wait(incident))
         elif isinstance(item, Skipped):  # with its `part`: a report's memory part, as the reader kept it
             self.correlator.skipped(item.count, item.last_seq, item.part)
             store.count_kmsg(records=item.count)
@@ -256,19 +256,20 @@ class KernelLogStage:
         return accounted is not None and group_kills - accounted >= kills
 
     def _exits_wait(self, incident: Incident) -> float:
-        """How long a group kill complete by the counters waits for the proc connector's exits: not at all when
-        every process its group held in its last two readings (one before the kill, as a rule: a process the kill
-        took down unlogged may be gone from the one after) has its kill line or its exit already; else briefly once
-        its group is seen empty (their exits are all but in), and until then up to the witness wait."""
+        """How long a group kill, complete by the counters or finished by the next report, waits for the proc
+        connector's exits: not at all when a reading of its group counted the kill (its pids, or none left) and
+        every process the group held in its last two readings (one before the kill, as a rule: a process the kill took down unlogged may be
+        gone from the one after) has its kill line or its exit already; else briefly once its group is seen empty
+        (their exits are all but in), and until then up to the witness wait. Asked again at each new reading of
+        the group while it waits (WitnessQueue.shorten)."""
         group = incident.group_cgroup or ""
-        seen = self._pids_seen.get(group)
+        seen, emptied = self._pids_seen.get(group), self._emptied.get(group)
+        gone = emptied is not None and self._after_the_kills(group, 1, emptied[0])
         named = {p.pid for p in incident.killed} | {note["pid"] for note in incident.exiting}
-        if seen is not None and not self.witness.unaccounted(seen[1] | seen[3], named, incident.time):
+        if (seen is not None and (gone or self._after_the_kills(group, 1, seen[0]))
+                and not self.witness.unaccounted(seen[1] | seen[3], named, incident.time)):
             return 0.0
-        emptied = self._emptied.get(group)
-        if emptied is not None and self._after_the_kills(group, 1, emptied[0]):
-            return min(self.witness.wait, EXITS_AFTER_EMPTY)
-        return self.witness.wait
+        return min(self.witness.wait, EXITS_AFTER_EMPTY) if gone else self.witness.wait
 
     def _changed(self, event: CgroupChanged, now: float, fx: Effects) -> None:
         if event.pids is None:
@@ -282,6 +283,8 @@ class KernelLogStage:
                 pids = frozenset(pid for pids in event.pids.values() for pid in pids)
                 before = self._pids_seen.get(event.path)
                 _remember(self._pids_seen, event.path, (group_kills, pids, at, before[1] if before else frozenset()))
+                if len(self.witness):  # a group kill waiting for its exits may wait no longer: all are named
+                    self.witness.shorten(event.path, self._now, self._exits_wait)
         elif group_kills is not None:
             self._emptied_at(event.path, group_kills, at, fx)
 
@@ -289,7 +292,7 @@ class KernelLogStage:
         _remember(self._emptied, path, (group_kills, at))
         # Group kills complete before their group was empty (by a reading after a kill): its exits are all but in
         if len(self.witness) and self._after_the_kills(path, 1, group_kills):
-            self.witness.group_emptied(path, self._now, self._exits_wait)
+            self.witness.shorten(path, self._now, self._exits_wait)
         if self.correlator.pending and self._read_started < at:
             fx.wake_kernel_log = True  # a read that ends after this settles a group kill waiting for it
 
