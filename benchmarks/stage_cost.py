@@ -19,10 +19,9 @@ two.) Settings as tests/replay.live_settings (live /dev/kmsg, counting, a state 
 this host's page size.
 
 Each Effects is applied as oomwatch/agent.py's `_apply` applies it, in its order: fx.logs to the agent's
-logger (a file), each incident to every sink (the agent's `publish_to` loop, copied: the agent's is being
-reworked) of an agent with a state directory and an events file (LogSink on a logger writing a file with the
-CLI's formatter, EventsFileSink holding its lines until the state is saved), then a save: StateFileSink.flush
-(temp file, fsync, rename) and each sink's flush (the events file writes its held lines), the outcome stepped
+logger (a file), each incident to every sink (the agent's own `publish_to`) of an agent with a state directory
+and an events file (LogSink on a logger writing a file with the CLI's formatter, EventsFileSink holding its
+lines until the state is saved), then a save: StateFileSink.flush (temp file, fsync, rename) and each sink's flush (the events file writes its held lines), the outcome stepped
 back as StateSaved; a wake of the kernel log answered as the live reader answers it on a log with nothing new
 (KernelLog([], drained_at=now)); and the view a scrape reads, Pipeline.view(), taken after every step that
 changed something (the agent's `_Latest.offer` when the queue is empty, as it is here). No pod Events, journal
@@ -74,7 +73,6 @@ sys.path.insert(0, str(REPO))
 STORM = REPO / "fixtures" / "kmsg" / "linux-6.1-storm-ratelimited.kmsg"
 BOOT = 1_000.0
 INCIDENTS_PER_ROUND = 150
-ZERO = "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n"
 TASKS_IN = re.compile(rb";Tasks in (/storm/c\d\d) are going")
 SPIN_STEP = 0.001
 READ_EVERY = 0.01  # the live reader reads what was printed in each 10 ms, at its end
@@ -206,28 +204,11 @@ def reads(records: list[bytes]) -> list[tuple[float, list[bytes]]]:
     return out
 
 
-def storm_tree(root: Path) -> Path:
-    tree = root / "cgroup"
-    for n in range(30):
-        cg = tree / "storm" / f"c{n:02d}"
-        cg.mkdir(parents=True)
-        (cg / "memory.max").write_text(f"{24 << 20}\n")
-        (cg / "memory.oom.group").write_text("1\n")
-        (cg / "memory.events.local").write_text(ZERO)
-        (cg / "memory.events").write_text(ZERO)
-        (cg / "cgroup.procs").write_text("")
-    return tree
-
-
 def _publish_to(sinks: list, incident: Any) -> None:
-    """oomwatch/agent.py's loop over the sinks for one incident (a sink's failure is logged, the others go
-    on)."""
-    for sink in sinks:
-        try:
-            sink.publish(incident)
-        except Exception:
-            logging.getLogger("oomwatch.agent").exception("sink %s could not take an incident",
-                                                          type(sink).__name__)
+    """oomwatch/agent.py's loop over the sinks, for one incident (a sink's failure is logged, the others go on)."""
+    from oomwatch.agent import publish_to
+
+    publish_to(sinks, lambda sink: sink.publish(incident))
 
 
 class Round:
@@ -242,6 +223,7 @@ class Round:
         from oomwatch.workloads import WorkloadResolver
         from oomwatch.workloads.runtime import RuntimeNames
         from tests.replay import RecordedTree, live_settings
+        from tests.test_pipeline_counts import storm_tree  # (the storm capture's 30 group cgroups)
 
         self.tmp, self.timeline = tmp, timeline
         self.tree = storm_tree(tmp)
