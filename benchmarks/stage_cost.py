@@ -22,10 +22,11 @@ Each Effects is applied as oomwatch/agent.py's `_apply` applies it, in its order
 logger (a file), each incident to every sink (the agent's own `publish_to`) of an agent with a state directory
 and an events file (LogSink on a logger writing a file with the CLI's formatter, EventsFileSink holding its
 lines until the state is saved), then a save: StateFileSink.flush (temp file, fsync, rename) and each sink's
-flush (the events file writes its held lines), the outcome stepped back as StateSaved; a wake of the kernel log answered as the live reader answers it on a log with nothing new
-(KernelLog([], drained_at=now)); and the view a scrape reads, Pipeline.view(), taken after every step that
-changed something (the agent's `_Latest.offer` when the queue is empty, as it is here). No pod Events, journal
-or Slurm sink: the storm's cgroups are not pods or units.
+flush (the events file writes its held lines), the outcome stepped back as StateSaved; a wake of the kernel
+log answered as the live reader answers it on a log with nothing new (KernelLog([], drained_at=now)); and the
+view a scrape reads, Pipeline.view(), taken after every step that changed something (the agent's
+`_Latest.offer` when the queue is empty, as it is here). No pod Events, journal or Slurm sink: the storm's
+cgroups are not pods or units.
 
 Timed (time.process_time_ns for CPU, time.perf_counter_ns for wall): each stage instance's step and advance,
 the counts stage's save_due (builds the state to save), Pipeline.step's own dispatch, inside the kernel-log
