@@ -64,10 +64,15 @@ def test_a_batch_the_reader_child_sent_before_it_reached_the_end_is_not_the_back
 
 def test_healthz_says_starting_until_the_backlog_is_read() -> None:
     """Issue 30 item 4: healthy once the backlog is read: /healthz says so while the pump has not yet handed a
-    batch read to the log's end to the agent."""
+    batch read to the log's end to the agent (the kernel-log source's word, from its pump's)."""
     from types import SimpleNamespace
 
     from oomwatch.agent import health_of
+    from oomwatch.sources.kernellog import KernelLogSource
+    from tests.test_agent_health import agent
 
-    agent = SimpleNamespace(starting=None, kernel_log=SimpleNamespace(pump=SimpleNamespace(backlog_read=False)))
-    assert health_of(agent) == (False, {"starting": "reading the kernel log's backlog"})
+    source = KernelLogSource("/dev/kmsg-test", lambda event: None)
+    source.pump = SimpleNamespace(backlog_read=False, alive=True, error=None)  # (a pump before its first batch)
+    assert health_of(agent(kernel_log=source)) == (False, {"starting": "reading the kernel log's backlog"})
+    source.pump.backlog_read = True
+    assert health_of(agent(kernel_log=source)) == (True, {"kmsg": "ok", "cgroups": "ok"})
