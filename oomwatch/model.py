@@ -184,6 +184,41 @@ class CgroupStats:
     pressure: Optional[Pressure] = None
 
 
+class OomCounters:
+    """memory.events.local's OOM counters of each cgroup as last read, and which moved at each new reading: the one
+    delta of memory.events, kept by whoever reads the counters over time (the cgroup source, to decide what to read
+    next; the pipeline's node state, to know when they moved), each its own instance on its own thread."""
+
+    NAMES = ("max", "oom", "oom_kill", "oom_group_kill")
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[int, int, int, int]] = {}
+
+    def first(self, path: str, local: Optional[dict[str, int]]) -> None:
+        """The reading when the cgroup was found: what later readings are compared with."""
+        if local is not None:
+            self._last[path] = self._of(local)
+
+    def read(self, path: str, local: dict[str, int]) -> dict[str, bool]:
+        """A new reading of `path`: each counter → whether it moved since the one before (a cgroup never read
+        before counts from 0)."""
+        before = self._last.get(path, (0, 0, 0, 0))
+        now = self._last[path] = self._of(local)
+        return {name: a > b for name, a, b in zip(self.NAMES, now, before)}
+
+    def last(self, path: str, name: str) -> Optional[int]:
+        counts = self._last.get(path)
+        return counts[self.NAMES.index(name)] if counts is not None else None
+
+    def forget(self, path: str) -> None:
+        self._last.pop(path, None)
+
+    @classmethod
+    def _of(cls, local: dict[str, int]) -> tuple[int, int, int, int]:
+        return tuple(local.get(name, 0) for name in cls.NAMES)  # type: ignore[return-value]
+
+
 # --- the node ---------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Optional
 
 from oomwatch.correlator import is_within, oom_group_ancestor
-from oomwatch.model import Workload
+from oomwatch.model import OomCounters, Workload
 from oomwatch.store import Labels
 from oomwatch.workloads import WorkloadResolver
 from oomwatch.workloads import kubepods_level as default_kubepods_level
@@ -23,7 +23,6 @@ OOM_HINT_SECONDS = 10.0
 MAX_PIDS = 1 << 20
 MAX_MAINS = 1 << 16  # main processes remembered (one per live container; forgotten at their exit)
 
-_WATCHED = ("max", "oom", "oom_kill", "oom_group_kill")
 Moved = dict  # counter name → whether it moved
 
 
@@ -41,10 +40,6 @@ def is_workload(path: str, workload: Workload, oom_group: Optional[int], limited
     return oom_group == 1 or limited
 
 
-def _counts(local: dict) -> tuple[int, int, int, int]:
-    return tuple(local.get(k, 0) for k in _WATCHED)  # type: ignore[return-value]
-
-
 class NodeState:
     """Implements `correlator.NodeView`. Times are epoch seconds of the event that brought them (hints are
     compared with kernel times of kills, converted to epoch by the boot time)."""
@@ -57,7 +52,7 @@ class NodeState:
         self._oom_at: dict[str, float] = {}
         self._oom_kill_at: dict[str, float] = {}
         # memory.events.local as last read, as (max, oom, oom_kill, oom_group_kill): a tuple per cgroup
-        self._last_local: dict[str, tuple[int, int, int, int]] = {}
+        self._counters = OomCounters()  # memory.events.local as the events brought it
         self.workloads: dict[str, Labels] = {}  # workload cgroup → its series' labels
         # Workloads' main processes (a container's init, seen exec'ing as pid 1 of its namespace): pid → (its
         # cgroup, comm). Their ends are deaths to judge (oomwatch.deaths), whatever ended them.
@@ -133,8 +128,7 @@ class NodeState:
 
     def oom_kills_local(self, path: str) -> Optional[int]:
         """memory.events.local `oom_kill` of `path` as last read (None: never read)."""
-        counts = self._last_local.get(path)
-        return counts[2] if counts is not None else None
+        return self._counters.last(path, "oom_kill")
 
     # --- cgroups -------------------------------------------------------------------------------------
 
@@ -152,9 +146,7 @@ class NodeState:
     def counters_read(self, path: str, local: dict, now: float) -> Moved:
         """memory.events.local of `path` now reads `local`: which of max/oom/oom_kill/oom_group_kill moved
         (hints for the correlator: when `oom` and `oom_kill` last moved here)."""
-        before = self._last_local.get(path, (0, 0, 0, 0))
-        counts = self._last_local[path] = _counts(local)
-        moved = {k: a > b for k, a, b in zip(_WATCHED, counts, before)}
+        moved = self._counters.read(path, local)
         if moved["oom"]:
             self._oom_at[path] = now
         if moved["oom_kill"]:
@@ -162,8 +154,7 @@ class NodeState:
         return moved
 
     def first_reading(self, path: str, local: Optional[dict]) -> None:
-        if local is not None:
-            self._last_local[path] = _counts(local)
+        self._counters.first(path, local)
 
     def set_workload(self, path: str, labels: Labels) -> Optional[Labels]:
         """Register `path` as a workload with `labels`; returns the labels it had before (None: new)."""
@@ -179,7 +170,8 @@ class NodeState:
     def cgroup_removed(self, path: str) -> Optional[Labels]:
         """Forget a cgroup in constant time. Returns its workload labels when no other live cgroup shares them
         (their series are gone now), else None."""
-        for per_path in (self._last_local, self._oom_at, self._oom_kill_at, self._oom_group):
+        self._counters.forget(path)
+        for per_path in (self._oom_at, self._oom_kill_at, self._oom_group):
             per_path.pop(path, None)
         # Its processes are gone (a cgroup is removed only when empty), and their incidents were built.
         for pid in self._pids_by_cgroup.pop(path, ()):

@@ -111,3 +111,18 @@ def test_which_cgroups_are_workloads() -> None:
     assert not is_workload("/x", w(type="systemd", unit="a.slice"), None, False)
     assert not is_workload("/x/sub", w(), 1, True), "inside a workload, not its own"
     assert not is_workload("/x", w(type="k8s-container", sandbox=True), None, False)
+
+
+def test_memory_events_moves_are_told_by_one_delta() -> None:
+    """OomCounters: the cgroup source and the node state each keep one (on their own threads), the same rules."""
+    from oomwatch.model import OomCounters
+
+    counters = OomCounters()
+    counters.first("/a", {"low": 7, "max": 3, "oom": 1, "oom_kill": 1})
+    assert counters.read("/a", {"max": 4, "oom": 1, "oom_kill": 2, "oom_group_kill": 1}) == {
+        "max": True, "oom": False, "oom_kill": True, "oom_group_kill": True}
+    assert counters.last("/a", "oom_kill") == 2
+    assert counters.read("/b", {"oom": 1}) == {"max": False, "oom": True, "oom_kill": False,
+                                               "oom_group_kill": False}  # never read before: from 0
+    counters.forget("/a")
+    assert counters.last("/a", "oom_kill") is None

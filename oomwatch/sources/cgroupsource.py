@@ -23,7 +23,7 @@ from oomwatch.events import (
     ProcessForked,
 )
 from oomwatch.parse.cgroup import parse_limit
-from oomwatch.model import STAT_KEYS_USED
+from oomwatch.model import STAT_KEYS_USED, OomCounters
 from oomwatch.parse.memstat import parse_memory_stat_block
 from oomwatch.parse.oomd import parse_oomd_xattr
 from oomwatch.sources.cgroupfs import CgroupFS, CgroupWatcher, Proc, WatchHealth, cat
@@ -38,7 +38,6 @@ PID_SNAPSHOT_INTERVAL = 0.2
 # (docs/loop.md); one taken at an `oom` or `oom_kill` move is as good as after the kill.
 STAT_READ_INTERVAL = 1.0
 STAT_READS_PER_SECOND = 20
-_COUNTERS = ("max", "oom", "oom_kill", "oom_group_kill")
 
 Emit = Callable[[Any], None]
 
@@ -62,7 +61,7 @@ class CgroupSource:
         self.on_kill = on_kill
         self._clock = clock
         self._wall_clock = wall_clock
-        self._last_local: dict[str, tuple[int, ...]] = {}
+        self._counters = OomCounters()  # memory.events.local as last read here
         self._snapshot_at: dict[str, float] = {}
         self._stat_at: dict[str, float] = {}  # when memory.stat was last read (clock), per cgroup
         self._stat_window: list = [float("-inf"), 0]  # [start, reads] of the node's current second
@@ -146,8 +145,7 @@ class CgroupSource:
 
     def _added(self, path: str) -> None:
         st, local = self.fs.read_dir_and_local_events(path)
-        if local is not None:
-            self._last_local[path] = tuple(local.get(k, 0) for k in _COUNTERS)
+        self._counters.first(path, local)
         oom_group, limited = self._limits_of(path)
         self._emit(CgroupAdded(path, st.st_ino if st is not None else None, local, oom_group, limited,
                                self._pids(path), self._names(path), oomd_marks(self.fs.abspath(path))[0],
@@ -156,7 +154,7 @@ class CgroupSource:
     def _removed(self, path: str) -> None:
         if self.stat_cache is not None:
             self.stat_cache.forget(path)
-        self._last_local.pop(path, None)
+        self._counters.forget(path)
         self._snapshot_at.pop(path, None)
         self._stat_at.pop(path, None)
         self._unnamed.discard(path)
@@ -168,10 +166,7 @@ class CgroupSource:
             return
         if self.stat_cache is not None:
             self.stat_cache.invalidate(path)
-        counts = tuple(local.get(k, 0) for k in _COUNTERS)
-        before = self._last_local.get(path, (0, 0, 0, 0))
-        self._last_local[path] = counts
-        moved = dict(zip(_COUNTERS, (a > b for a, b in zip(counts, before))))
+        moved = self._counters.read(path, local)
         oom_near = moved["max"] or moved["oom"] or moved["oom_kill"]
         now = self._clock()
         pids = pids_read_at = None
