@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Optional, Union
 
+from oomwatch.parse import LazyPattern  # compiled at a log's first reading, not at the agent's start
+
 MAX_TAIL_BYTES = 64 * 1024  # the end of the log that is read: a traceback and what followed it
 MAX_LINES = 600  # lines of that kept (the last ones)
 MAX_LINE = 8192  # characters of a line looked at (the kubelet splits lines at 16 KiB)
@@ -43,11 +45,11 @@ GPU, HOST, UNKNOWN = "gpu", "host", "unknown"
 # --- log formats --------------------------------------------------------------------------------------
 
 # `<RFC 3339 time> <stdout|stderr> <tag>[:<more tags>] <content>` (kubelet pkg/kubelet/kuberuntime/logs).
-_CRI = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)) (stdout|stderr) ([PF])"
-                  r"(?::[^ ]{0,64})? ?")
-_ANSI = re.compile(r"\x1b\[[0-9;]{0,32}[A-Za-z]")
+_CRI = LazyPattern(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d)) (stdout|stderr) ([PF])"
+                   r"(?::[^ ]{0,64})? ?")
+_ANSI = LazyPattern(r"\x1b\[[0-9;]{0,32}[A-Za-z]")
 # torchrun and its relatives prefix every line of a rank: `[rank1]: `, `[default0]:`
-_RANK = re.compile(r"^\[(?:rank|default)\d{1,6}\]: ?")
+_RANK = LazyPattern(r"^\[(?:rank|default)\d{1,6}\]: ?")
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,7 @@ def size_bytes(number: str, unit: str) -> Optional[int]:
     return int(value) if 0 <= value < 1 << 70 else None
 
 
-def _size(pattern: re.Pattern, text: str) -> Optional[int]:
+def _size(pattern: LazyPattern, text: str) -> Optional[int]:
     m = pattern.search(text)
     return size_bytes(m.group(1), m.group(2)) if m else None
 
@@ -167,65 +169,65 @@ STRONG, WEAK = 2, 1
 # PyTorch: `CUDA out of memory. Tried to allocate 22.00 MiB.` (torch.OutOfMemoryError,
 # torch.cuda.OutOfMemoryError, before 2.0 RuntimeError), `HIP out of memory` on ROCm; `CUDA error: out of
 # memory` from a CUDA call (RuntimeError, torch.AcceleratorError); cuBLAS's handle allocation.
-_TORCH_OOM = re.compile(r"\b(CUDA|HIP) out of memory\. Tried to allocate\b"
-                        r"|(?:^|[Ee]rror: |Error\(['\"])(CUDA|HIP) out of memory\b")
-_TRIED = re.compile(r"Tried to allocate " + _SIZE)
-_NEW_DEVICE = re.compile(r"\bGPU (\d{1,4}) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE
-                         + r" is free")
-_OLD_DEVICE = re.compile(r"\(GPU (\d{1,4}); ")
-_OLD_TOTAL = re.compile(_SIZE + r" total capacity")
-_OLD_ALLOCATED = re.compile(_SIZE + r" already allocated")
-_OLD_FREE = re.compile(_SIZE + r" free[;)]")
-_OLD_RESERVED = re.compile(_SIZE + r" (?:reserved in total by PyTorch|cached)")
-_NEW_ALLOCATED = re.compile(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
-_NEW_UNALLOCATED = re.compile(_SIZE + r" is reserved by PyTorch but unallocated")
-_PROCESS = re.compile(r"this process has " + _SIZE + r" memory in use")
-_CUDA_ERROR = re.compile(r"\bCUDA error: out of memory|\bcudaErrorMemoryAllocation\b"
-                         r"|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bhipErrorOutOfMemory\b|\bHIP_ERROR_OutOfMemory\b")
-_CUBLAS = re.compile(r"\bCUBLAS_STATUS_ALLOC_FAILED\b")
+_TORCH_OOM = LazyPattern(r"\b(CUDA|HIP) out of memory\. Tried to allocate\b"
+                         r"|(?:^|[Ee]rror: |Error\(['\"])(CUDA|HIP) out of memory\b")
+_TRIED = LazyPattern(r"Tried to allocate " + _SIZE)
+_NEW_DEVICE = LazyPattern(r"\bGPU (\d{1,4}) has a total capac(?:i)?ty of " + _SIZE + r" of which " + _SIZE
+                          + r" is free")
+_OLD_DEVICE = LazyPattern(r"\(GPU (\d{1,4}); ")
+_OLD_TOTAL = LazyPattern(_SIZE + r" total capacity")
+_OLD_ALLOCATED = LazyPattern(_SIZE + r" already allocated")
+_OLD_FREE = LazyPattern(_SIZE + r" free[;)]")
+_OLD_RESERVED = LazyPattern(_SIZE + r" (?:reserved in total by PyTorch|cached)")
+_NEW_ALLOCATED = LazyPattern(r"Of the allocated memory " + _SIZE + r" is allocated by PyTorch")
+_NEW_UNALLOCATED = LazyPattern(_SIZE + r" is reserved by PyTorch but unallocated")
+_PROCESS = LazyPattern(r"this process has " + _SIZE + r" memory in use")
+_CUDA_ERROR = LazyPattern(r"\bCUDA error: out of memory|\bcudaErrorMemoryAllocation\b"
+                          r"|\bCUDA_ERROR_OUT_OF_MEMORY\b|\bhipErrorOutOfMemory\b|\bHIP_ERROR_OutOfMemory\b")
+_CUBLAS = LazyPattern(r"\bCUBLAS_STATUS_ALLOC_FAILED\b")
 # NCCL: `host:pid:tid [cudaDev] enqueue.cc:1085 NCCL WARN Cuda failure 'out of memory'` (2.x prints the
 # error's number too: `Cuda failure 2 'out of memory'`), `Failed to CUDA calloc 6291456 bytes`: warnings; the
 # same words after `Last error:` in the exception PyTorch raises (`ncclUnhandledCudaError`) are the error.
-_NCCL = re.compile(r"\bCuda failure (?:\d{1,4} )?'out of memory'|\bFailed to CUDA calloc\b")
-_NCCL_DEVICE = re.compile(r"^[^ ]{1,256}:\d{1,10}:\d{1,10} \[(\d{1,4})\] ")
-_NCCL_BYTES = re.compile(r"Failed to CUDA calloc (\d{1,20}) bytes")
+_NCCL = LazyPattern(r"\bCuda failure (?:\d{1,4} )?'out of memory'|\bFailed to CUDA calloc\b")
+_NCCL_DEVICE = LazyPattern(r"^[^ ]{1,256}:\d{1,10}:\d{1,10} \[(\d{1,4})\] ")
+_NCCL_BYTES = LazyPattern(r"Failed to CUDA calloc (\d{1,20}) bytes")
 # XGBoost (and other users of rmm/thrust) follow a failed device allocation with its sizes.
-_FREE_LINE = re.compile(r"- Free memory: (?:" + _SIZE + r"|(\d{1,20})\b)")
-_REQUESTED_LINE = re.compile(r"- Requested memory: (?:" + _SIZE + r"|(\d{1,20})\b)")
+_FREE_LINE = LazyPattern(r"- Free memory: (?:" + _SIZE + r"|(\d{1,20})\b)")
+_REQUESTED_LINE = LazyPattern(r"- Requested memory: (?:" + _SIZE + r"|(\d{1,20})\b)")
 # XLA (JAX, and TensorFlow's XLA): `RESOURCE_EXHAUSTED: Out of memory while trying to allocate 6291456 bytes.`
 # (`Resource exhausted:` before jaxlib 0.3, `Out of memory allocating N bytes` from some paths; jaxlib 0.11 on an
 # H100, captured: `… allocate 200.00GiB with allocator GPU_0_bfc on device 0.`); the device is known from its
 # allocator, named in the message or in the allocator's own lines (`Allocator (GPU_0_bfc) ran out of memory`),
 # or a TPU's `hbm`.
-_XLA = re.compile(r"\b(?:RESOURCE_EXHAUSTED|Resource exhausted): Out of memory "
-                  r"(?:while trying to allocate|allocating) (?:(\d{1,20}) bytes|" + _SIZE + ")")
+_XLA = LazyPattern(r"\b(?:RESOURCE_EXHAUSTED|Resource exhausted): Out of memory "
+                   r"(?:while trying to allocate|allocating) (?:(\d{1,20}) bytes|" + _SIZE + ")")
 # CuPy's memory pool (captured on an H100, CuPy 14): `cupy.cuda.memory.OutOfMemoryError: Out of memory
 # allocating 214,748,364,800 bytes (allocated so far: 0 bytes).` (what its pool holds: "so far").
-_CUPY = re.compile(r"\bcupy\.cuda\.memory\.OutOfMemoryError: Out of memory allocating (\d{1,3}(?:,\d{3}){0,6}) bytes"
-                   r"(?: \(allocated so far: (\d{1,3}(?:,\d{3}){0,6}) bytes\))?")
-_XLA_TPU = re.compile(r"\bRESOURCE_EXHAUSTED: .{0,200}\bRan out of memory in memory space hbm\b")
+_CUPY = LazyPattern(r"\bcupy\.cuda\.memory\.OutOfMemoryError: Out of memory allocating (\d{1,3}(?:,\d{3}){0,6}) bytes"
+                    r"(?: \(allocated so far: (\d{1,3}(?:,\d{3}){0,6}) bytes\))?")
+_XLA_TPU = LazyPattern(r"\bRESOURCE_EXHAUSTED: .{0,200}\bRan out of memory in memory space hbm\b")
 # TensorFlow: `OOM when allocating tensor with shape[64,2016,9,9] and type float on
 # /job:localhost/replica:0/task:0/device:GPU:0 by allocator GPU_0_bfc`.
-_TF = re.compile(r"\bOOM when allocating tensor\b")
+_TF = LazyPattern(r"\bOOM when allocating tensor\b")
 # A device allocation XLA or TensorFlow retries smaller, or falls back from: a warning, not the error.
-_ALLOC_WARN = re.compile(r"\bfailed to alloc(?:ate)? .{0,120}"
-                         r"(?:CUDA_ERROR_OUT_OF_MEMORY|HIP_ERROR_OutOfMemory)")
-_GPU_DEVICE = re.compile(r"(?:device:GPU:|/gpu:|\bGPU_)(\d{1,4})\b", re.IGNORECASE)
-_CPU_DEVICE = re.compile(r"(?:device:CPU:\d|/cpu:\d|by allocator cpu\b)", re.IGNORECASE)
+_ALLOC_WARN = LazyPattern(r"\bfailed to alloc(?:ate)? .{0,120}"
+                          r"(?:CUDA_ERROR_OUT_OF_MEMORY|HIP_ERROR_OutOfMemory)")
+_GPU_DEVICE = LazyPattern(r"(?:device:GPU:|/gpu:|\bGPU_)(\d{1,4})\b", re.IGNORECASE)
+_CPU_DEVICE = LazyPattern(r"(?:device:CPU:\d|/cpu:\d|by allocator cpu\b)", re.IGNORECASE)
 # The host: PyTorch's CPU allocator (`DefaultCPUAllocator: can't allocate memory: you tried to allocate N
 # bytes`, `not enough memory` on Windows, before 1.5 `posix_memalign(&data, gAlignment, nbytes) == 0. 12 vs
 # 0`), Python's MemoryError (numpy's `_ArrayMemoryError: Unable to allocate 58.0 GiB for an array …`), Ray's
 # memory monitor's kill as its driver reports it, and V8's heap limit.
-_CPU_ALLOCATOR = re.compile(r"\bDefaultCPUAllocator: (?:can't allocate memory|not enough memory)"
-                            r"|\bposix_memalign\(&data, gAlignment, nbytes\) == 0\. 12 vs 0")
-_CPU_TRIED = re.compile(r"you tried to allocate (\d{1,20}) bytes")
+_CPU_ALLOCATOR = LazyPattern(r"\bDefaultCPUAllocator: (?:can't allocate memory|not enough memory)"
+                             r"|\bposix_memalign\(&data, gAlignment, nbytes\) == 0\. 12 vs 0")
+_CPU_TRIED = LazyPattern(r"you tried to allocate (\d{1,20}) bytes")
 # The last line of a Python traceback: `MemoryError`, `numpy.core._exceptions._ArrayMemoryError: …`. Not
 # `OutOfMemoryError` (PyTorch's and Ray's: matched above).
-_MEMORYERROR = re.compile(r"^(?:[A-Za-z_][\w]{0,64}\.){0,8}(?!OutOf)_?[A-Za-z]{0,32}MemoryError\b(?::|$)")
-_NUMPY_SIZE = re.compile(r"Unable to allocate " + _SIZE)
-_RAY = re.compile(r"\bray\.exceptions\.OutOfMemoryError: (?:Task was killed|\d{1,9} worker\(s\) were killed)"
-                  r" due to the node running low on memory")
-_JS_HEAP = re.compile(r"\bFATAL ERROR: .{0,80}JavaScript heap out of memory")
+_MEMORYERROR = LazyPattern(r"^(?:[A-Za-z_][\w]{0,64}\.){0,8}(?!OutOf)_?[A-Za-z]{0,32}MemoryError\b(?::|$)")
+_NUMPY_SIZE = LazyPattern(r"Unable to allocate " + _SIZE)
+_RAY = LazyPattern(r"\bray\.exceptions\.OutOfMemoryError: (?:Task was killed|\d{1,9} worker\(s\) were killed)"
+                   r" due to the node running low on memory")
+_JS_HEAP = LazyPattern(r"\bFATAL ERROR: .{0,80}JavaScript heap out of memory")
 
 
 def _finding_of(lines: list[LogLine], at: int) -> Optional[tuple[int, LogFinding]]:
@@ -319,8 +321,8 @@ def _either(m: Optional[re.Match]) -> Optional[int]:
     return int(m.group(3))
 
 
-_XLA_GPU_CONTEXT = re.compile(r"\bAllocator \((GPU|gpu|cuda)_(\d{1,4})_bfc\) ran out of memory"
-                              r"|\b(?:GPU|gpu|cuda)_(\d{1,4})_bfc\b")
+_XLA_GPU_CONTEXT = LazyPattern(r"\bAllocator \((GPU|gpu|cuda)_(\d{1,4})_bfc\) ran out of memory"
+                               r"|\b(?:GPU|gpu|cuda)_(\d{1,4})_bfc\b")
 
 
 def parse_log_tail(data: Union[bytes, str]) -> Optional[LogFinding]:

@@ -17,6 +17,7 @@ from typing import Iterable, Iterator, Optional
 
 from oomwatch.model import KmsgRecord
 from oomwatch.names import as_logged
+from oomwatch.parse import LazyPattern  # a saved text log's patterns: compiled when one is read
 from oomwatch.parse.oom import MAX_WRAPPED, parse_oom_line
 from oomwatch.parse.prefilter import OOM_LINE_START as _OOM_LINE_START
 from oomwatch.parse.textshapes import CUT_MARKERS, LINE_DECORATIONS, TEXT_REPAIRS, local_date, month_number
@@ -131,21 +132,21 @@ _UNIX = r"(?P<unix>\d{1,11}\.\d{1,9})"
 _MONO = r"\[ *(?P<mono>\d{1,11}\.\d{1,9})(?: <[ \d.]{1,24}>)?\]"
 _STAMP = rf"(?:{_BSD}|{_ISO}|{_FULL}|{_UNIX}|{_MONO})"
 # journalctl short* / syslog files: `STAMP [host] kernel: …`; the hostname may be empty (two spaces) or absent.
-_KERNEL_LINE = re.compile(rf"^(?:<(?P<spri>\d{{1,3}})>)?{_STAMP}(?: (?P<host>\S{{0,255}}))? kernel(?:\[\d{{1,10}}\])?: "
-                          r"?(?P<rest>.*)$", re.S)
+_KERNEL_LINE = LazyPattern(rf"^(?:<(?P<spri>\d{{1,3}})>)?{_STAMP}(?: (?P<host>\S{{0,255}}))? kernel(?:\[\d{{1,10}}\])?: "
+                           r"?(?P<rest>.*)$", re.S)
 # The same wrapper around another program's line (an unfiltered syslog or journal). After a monotonic stamp
 # only `host name[pid]:` counts: `[ 1.2] usb 1-1: new device` and `[ 1.2] systemd[1]: …` are plain dmesg lines.
 # A host name is letters, digits, dots, hyphens, underscores: `[ 0.14] x86/fpu: xstate_offset[2]: 576` is the
 # kernel's, not a program `xstate_offset` on a host `x86/fpu:`.
 _HOST = r"[\w.-]{0,255}"
-_OTHER_LINE = re.compile(rf"^(?:(?:<\d{{1,3}}>)?(?:{_BSD}|{_ISO}|{_FULL}|{_UNIX}) \S{{0,255}} ?[^\s:\[\]]{{1,128}}"
-                         rf"(?:\[\d{{1,10}}\])?|{_MONO} {_HOST} [^\s:\[\]]{{1,128}}\[\d{{1,10}}\]): ")
+_OTHER_LINE = LazyPattern(rf"^(?:(?:<\d{{1,3}}>)?(?:{_BSD}|{_ISO}|{_FULL}|{_UNIX}) \S{{0,255}} ?[^\s:\[\]]{{1,128}}"
+                          rf"(?:\[\d{{1,10}}\])?|{_MONO} {_HOST} [^\s:\[\]]{{1,128}}\[\d{{1,10}}\]): ")
 # RFC 5424: `<PRI>1 TIMESTAMP HOST APP PROCID MSGID SD [MSG]`
-_RFC5424 = re.compile(r"^<(?P<pri>\d{1,3})>1 (?P<ts>\S{1,64}) \S{1,255} (?P<app>\S{1,48}) \S{1,128} \S{1,32} "
-                      r"(?P<sd>-|(?:\[(?:[^\]\\]|\\.){0,4096}\]){1,16}) ?(?P<rest>.*)$", re.S)
+_RFC5424 = LazyPattern(r"^<(?P<pri>\d{1,3})>1 (?P<ts>\S{1,64}) \S{1,255} (?P<app>\S{1,48}) \S{1,128} \S{1,32} "
+                       r"(?P<sd>-|(?:\[(?:[^\]\\]|\\.){0,4096}\]){1,16}) ?(?P<rest>.*)$", re.S)
 # The dmesg layer: `<pri>` (-r), `fac :lvl :` (-x), `[secs.frac]` or `[Tue Aug 22 16:10:45 2023]` (-T), and
 # the caller id of CONFIG_PRINTK_CALLER (`[T123]`, `[C1]`).
-_DMESG = re.compile(
+_DMESG = LazyPattern(
     r"^(?:<(?P<pri>\d{1,3})>)?(?:(?P<fac>[a-z]{2,8}) *:(?P<lvl>[a-z]{2,6}) *: ?)?"
     r"(?:\[ *(?P<secs>\d{1,11})\.(?P<frac>\d{1,9})\]|"
     r"\[(?P<human>(?P<hwd>[A-Z][a-z]{2}) (?P<hmon>[A-Z][a-z]{2}) {1,2}(?P<hday>\d{1,2}) "
@@ -154,29 +155,29 @@ _DMESG = re.compile(
 # `dmesg -T` in another language (`[dim. 19 avril 18:03:30 2026]`, `[金 11月 27 23:55:06 2026]`,
 # `[11月27日(金) 23:55:06 2026]`, `[11월 27일 (금) 23:55:06]`): read by textshapes.local_date; a month it does
 # not know leaves the time unknown, the line read.
-_DMESG_LOCAL = re.compile(r"^\[(?P<date>[^\]\[]{6,64})\] ?(?P<text>.*)$", re.S)
-_DMESG_ISO = re.compile(rf"^{_ISO} (?P<text>.*)$", re.S)  # dmesg --time-format iso
-_ISO_ONLY = re.compile(rf"^{_ISO}$")
-_RAW = re.compile(r"^\d{1,20},\d{1,20},\d{1,20},[^;]{0,256};")
+_DMESG_LOCAL = LazyPattern(r"^\[(?P<date>[^\]\[]{6,64})\] ?(?P<text>.*)$", re.S)
+_DMESG_ISO = LazyPattern(rf"^{_ISO} (?P<text>.*)$", re.S)  # dmesg --time-format iso
+_ISO_ONLY = LazyPattern(rf"^{_ISO}$")
+_RAW = LazyPattern(r"^\d{1,20},\d{1,20},\d{1,20},[^;]{0,256};")
 # The commonest line, plain `dmesg` (`[  139.201253] text`), read with one regex; the lookaheads leave a caller id
 # and `journalctl -o short-monotonic` (`[ts] host kernel: …`) to the full path.
-_PLAIN_DMESG = re.compile(rb"\[ *(\d{1,11})\.(\d{1,9})\] (?!\[ *[TC]\d)(?!\S{0,255} kernel(?:\[\d{1,10}\])?: )"
-                          rb"(?![\w.-]{0,255} [^\s:\[\]]{1,128}\[\d{1,10}\]: )")
-_RAW_FIELD = re.compile(rb"^ [A-Za-z0-9_.-]{1,64}=")
+_PLAIN_DMESG = LazyPattern(rb"\[ *(\d{1,11})\.(\d{1,9})\] (?!\[ *[TC]\d)(?!\S{0,255} kernel(?:\[\d{1,10}\])?: )"
+                           rb"(?![\w.-]{0,255} [^\s:\[\]]{1,128}\[\d{1,10}\]: )")
+_RAW_FIELD = LazyPattern(rb"^ [A-Za-z0-9_.-]{1,64}=")
 # `grep -H` / `grep -n` output: `kern.log:May 15 …`, `1234:[ 5.1] …`, `/var/log/kern.log.1:88-…` (context
 # lines with `-`): the prefix is dropped where a kernel log line follows it.
-_GREP_PREFIX = re.compile(
+_GREP_PREFIX = LazyPattern(
     rb"^(?:[^\s:\[<{#][^\s:]{0,4095}:(?:\d{1,10}[:-])?|\d{1,10}[:-])"
     rb"(?=\[ *\d|\[[A-Z][a-z]{2} |<\d|\d{1,20},\d{1,20},|[A-Z][a-z]{2} [ \d]\d |\d{4}-\d\d-\d\d[T ]|[A-Z][a-z]{2} \d{4}-|"
     rb"\d{9,11}\.\d|[a-z]{2,8} *:[a-z]{2,6} *:)")
 # Terminal colour and cursor sequences (CSI, and the OSC of a title), as `dmesg --color=always` writes them.
-_ANSI = re.compile(rb"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,2}[@-~]|\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)?)")
+_ANSI = LazyPattern(rb"\x1b(?:\[[0-9;?]{0,32}[ -/]{0,2}[@-~]|\][^\x07\x1b]{0,256}(?:\x07|\x1b\\)?)")
 # `journalctl -o verbose`: a head line (the date, then the entry's cursor, whose `t=` is its realtime in hex
 # microseconds), then its fields indented, `    MESSAGE=…`.
-_VERBOSE_HEAD = re.compile(rb"^(?:\S{1,16} )?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})? \S{1,64} "
-                           rb"\[s=[0-9a-f]{1,64};i=[0-9a-f]{1,16};b=[0-9a-f]{1,64};m=[0-9a-f]{1,16};"
-                           rb"t=(?P<t>[0-9a-f]{1,16});x=[0-9a-f]{1,64}\]$")
-_VERBOSE_FIELD = re.compile(rb"^(?P<key>[A-Z0-9_]{1,64})=(?P<value>.*)$", re.S)
+_VERBOSE_HEAD = LazyPattern(rb"^(?:\S{1,16} )?\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{1,9})? \S{1,64} "
+                            rb"\[s=[0-9a-f]{1,64};i=[0-9a-f]{1,16};b=[0-9a-f]{1,64};m=[0-9a-f]{1,16};"
+                            rb"t=(?P<t>[0-9a-f]{1,16});x=[0-9a-f]{1,64}\]$")
+_VERBOSE_FIELD = LazyPattern(rb"^(?P<key>[A-Z0-9_]{1,64})=(?P<value>.*)$", re.S)
 _VERBOSE_INDENT = 4  # of each field's line; a multi-line value's further lines are indented under its value
 _VERBOSE_KEPT = (b"MESSAGE", b"_TRANSPORT", b"SYSLOG_IDENTIFIER", b"PRIORITY", b"_SOURCE_MONOTONIC_TIMESTAMP")
 _UTC_NAMES = ("UTC", "GMT", "Z")
@@ -705,7 +706,7 @@ def _joined(record: KmsgRecord, more: list[bytes]) -> KmsgRecord:
 
 
 # Where a kernel OOM line may start inside prose it was glued into (after a space)
-_GLUED_START = re.compile(r"(?<=\s)(?:" + _OOM_LINE_START.decode() + r"|\S{1,64} invoked oom-killer)")
+_GLUED_START = LazyPattern(r"(?<=\s)(?:" + _OOM_LINE_START.decode() + r"|\S{1,64} invoked oom-killer)")
 
 
 def _unglued(record: KmsgRecord, stats: TextLogStats) -> list[KmsgRecord]:
@@ -736,13 +737,13 @@ def _unglued(record: KmsgRecord, stats: TextLogStats) -> list[KmsgRecord]:
 # may follow), a record of bare kernel text, a record of another kind (raw kmsg, JSON), another program's line.
 _PREFIXED, _BARE, _OTHER_RECORD, _OTHER = 0, 1, 2, 3
 # The starts of a kernel log line (a decoration's number is removed before one even where numbers do not run on)
-_LOG_LINE_START = re.compile(rb"[ \t]{0,64}(?:\[ *\d|\[[^\W\d_]|<\d|\d{1,20},\d{1,20},|[^\W\d_]{2,12}\.? [ \d]\d |"
-                             rb"\d{4}-\d\d-\d\d|\d{1,2}[\xe6\xec]|" + _OOM_LINE_START + rb"|\S{1,64} invoked oom-killer)")
+_LOG_LINE_START = LazyPattern(rb"[ \t]{0,64}(?:\[ *\d|\[[^\W\d_]|<\d|\d{1,20},\d{1,20},|[^\W\d_]{2,12}\.? [ \d]\d |"
+                              rb"\d{4}-\d\d-\d\d|\d{1,2}[\xe6\xec]|" + _OOM_LINE_START + rb"|\S{1,64} invoked oom-killer)")
 
 
 # How every decoration of textshapes.LINE_DECORATIONS but the table row and the kubectl event (looked for by their
 # `|` and `OOMKilling`) may begin: lines that begin otherwise skip the table.
-_MAYBE_DECORATED = re.compile(rb"[ \t]{0,8}(?:[>`\d]|\[ {0,4}[+-]|\[[A-Z][a-z]{2}[ \d]\d \d)|[ \t]{0,64}\"|kernel")
+_MAYBE_DECORATED = LazyPattern(rb"[ \t]{0,8}(?:[>`\d]|\[ {0,4}[+-]|\[[A-Z][a-z]{2}[ \d]\d \d)|[ \t]{0,64}\"|kernel")
 
 
 def _undecorated(line: bytes, last_number: Optional[int], stats: TextLogStats) -> tuple[bytes, Optional[int]]:
@@ -792,7 +793,7 @@ def _uncut(record: KmsgRecord, stats: TextLogStats) -> KmsgRecord:
 # (`kB` ends a kill line's sizes)
 _REPAIRED_STARTS = frozenset("MOKo")
 _REPAIRED_ENDS = frozenset(".…])>`,0123456789B")
-_OOM_LINE_START_TEXT = re.compile(_OOM_LINE_START.decode() + r"|\S{1,64} invoked oom-killer")
+_OOM_LINE_START_TEXT = LazyPattern(_OOM_LINE_START.decode() + r"|\S{1,64} invoked oom-killer")
 
 
 def _line_records(lines: Iterable[bytes], year: Optional[int], tz: Optional[_dt.tzinfo], now: Optional[float],

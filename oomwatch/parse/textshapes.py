@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple, Optional
 
+from oomwatch.parse import LazyPattern  # the local dates' patterns: compiled when one is read
+
 
 class LineDecoration(NamedTuple):
     name: str
@@ -99,13 +101,13 @@ MONTHS: dict[str, int] = {name: month for month, names in enumerate((
     start=1) for name in names.split()}
 
 # A month written with its number: Chinese and Japanese `11月`, Korean `11월` (glibc's %b there).
-_NUMBER_MONTH = re.compile(r"^(\d{1,2})[月월]$")
-_TIME = re.compile(r"^(\d{1,2})[:.](\d\d)[:.](\d\d)$")
-_YEAR = re.compile(r"^\d{4}\.?$")
-_DAY = re.compile(r"^(\d{1,2})[.,日일]?$")
+_NUMBER_MONTH = LazyPattern(r"^(\d{1,2})[月월]$")
+_TIME = LazyPattern(r"^(\d{1,2})[:.](\d\d)[:.](\d\d)$")
+_YEAR = LazyPattern(r"^\d{4}\.?$")
+_DAY = LazyPattern(r"^(\d{1,2})[.,日일]?$")
 # Where the parts of a local date are told apart: spaces, and the punctuation util-linux's translations add
 # (`%b%e日(%a)`, `%a, %e. %b %Y,`).
-_SPLIT = re.compile(r"[\s,()]+|(?<=[月월])(?=\d)|(?<=[日일])(?=\S)")
+_SPLIT = LazyPattern(r"[\s,()]+|(?<=[月월])(?=\d)|(?<=[日일])(?=\S)")
 
 
 class LocalDate(NamedTuple):

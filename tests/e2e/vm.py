@@ -29,6 +29,7 @@ Manual use:  .venv/bin/python -m tests.e2e.vm [--only a,b] [--memory 768] [OUT_D
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import signal
@@ -442,11 +443,40 @@ def compile_python() -> subprocess.Popen:
     )
 
 
+AGENT_MODULES = "agent-modules.json"  # in the run directory: what the guest copies to its own disk (driver.py)
+
+
+def write_agent_modules(out_dir: Path) -> None:
+    """The source file of each module `oomwatch agent` imports at its start, and of every module of their packages
+    (oomwatch's among them: some it imports later), for the guest driver, which runs the agent from their byte-compiled copies on the
+    guest's tmpfs (tests/e2e/guest/driver.py, local_agent): listed here, where importing takes a fraction of a
+    second, not in the guest, where it takes 7-10 s."""
+    code = ("import json, sys; import oomwatch.cli, oomwatch.agent; "
+            "print(json.dumps({n: getattr(m, '__file__', None) for n, m in list(sys.modules.items())}))")
+    site_packages = str(next((VENV / "lib").glob("python3*/site-packages")))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), site_packages])}
+    out = subprocess.run([str(VENV / "bin" / "python"), "-S", "-c", code], cwd=str(REPO), env=env,
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    modules = {name: path for name, path in json.loads(out).items() if path}
+    # A package's every module: the copy of a package hides the rest of it (click imports click._textwrap when
+    # it first wraps help text)
+    for name, path in list(modules.items()):
+        if os.path.basename(path) == "__init__.py":
+            for source in sorted(Path(path).parent.rglob("*")):
+                if source.suffix in (".py", ".so") and "__pycache__" not in source.parts:
+                    parts = source.relative_to(Path(path).parent).parts
+                    stem = source.name.split(".")[0]
+                    parts = [*name.split("."), *parts[:-1], *([] if stem == "__init__" else [stem])]
+                    modules.setdefault(".".join(parts), str(source))
+    (Path(out_dir) / AGENT_MODULES).write_text(json.dumps({"site_packages": site_packages, "modules": modules}))
+
+
 def run_scenarios(
     out_dir: Path, only: str = "", memory_mib: int = DEFAULT_MEMORY_MIB, timeout: float = DEFAULT_TIMEOUT
 ) -> tuple[VMEnv, VMResult]:
     vm = prepare()
     comp = compile_python()
+    write_agent_modules(Path(out_dir))
     try:
         res = run_guest(
             vm, scenario_argv(vm, only), Path(out_dir), memory_mib=memory_mib, timeout=timeout
@@ -471,6 +501,9 @@ def main() -> int:
     out = Path(a.out)
     vm = prepare()
     comp = compile_python()
+    out.mkdir(parents=True, exist_ok=True)
+    if not a.exec_ and not a.agent:  # the copy is of this checkout's package: for its own agent only
+        write_agent_modules(out)
     argv = (
         ["sh", "-c", a.exec_]
         if a.exec_
