@@ -440,7 +440,8 @@ def reader_parts() -> list[bytes]:
 
     parts = []
     for capture in sorted(KMSG.glob("*.kmsg")):
-        parts += [i.part for i in read_like_the_agent(raw_records(capture)) if isinstance(i, Skipped) and i.part is not None]
+        parts += [i.part for i in read_like_the_agent(raw_records(capture))
+                  if isinstance(i, Skipped) and i.part is not None]
     return parts
 
 

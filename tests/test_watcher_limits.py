@@ -1,8 +1,8 @@
-"""The cgroup watcher where inotify runs out or the agent may not read: every cgroup is still reported, what is
-not watched is said once, counted and exposed (its `health`: `blind` and the `unwatched` counts), and the tree is
-watched again when watches are freed. Real kernel errors: ENOSPC from a user namespace whose `user.max_inotify_watches` is small
-(the host's limit is untouched), EACCES from a child that drops to a uid no process uses (so no other process
-holds that uid's inotify budget). Removal costs what is removed."""
+"""The cgroup watcher where inotify runs out or the agent may not read: every cgroup is still reported, what is not
+watched is said once, counted and exposed (its `health`: `blind` and the `unwatched` counts), and the tree is
+watched again when watches are freed. Real kernel errors: ENOSPC from a user namespace whose
+`user.max_inotify_watches` is small (the host's limit is untouched), EACCES from a child that drops to a uid no
+process uses (so no other process holds that uid's inotify budget). Removal costs what is removed."""
 
 from __future__ import annotations
 

@@ -258,10 +258,10 @@ class KernelLogStage:
     def _exits_wait(self, incident: Incident) -> float:
         """How long a group kill, complete by the counters or finished by the next report, waits for the proc
         connector's exits: not at all when a reading of its group counted the kill (its pids, or none left) and
-        every process the group held in its last two readings (one before the kill, as a rule: a process the kill took down unlogged may be
-        gone from the one after) has its kill line or its exit already; else briefly once its group is seen empty
-        (their exits are all but in), and until then up to the witness wait. Asked again at each new reading of
-        the group while it waits (WitnessQueue.shorten)."""
+        every process the group held in its last two readings (one before the kill, as a rule: a process the kill
+        took down unlogged may be gone from the one after) has its kill line or its exit already; else briefly once
+        its group is seen empty (their exits are all but in), and until then up to the witness wait. Asked again at
+        each new reading of the group while it waits (WitnessQueue.shorten)."""
         group = incident.group_cgroup or ""
         seen, emptied = self._pids_seen.get(group), self._emptied.get(group)
         gone = emptied is not None and self._after_the_kills(group, 1, emptied[0])

@@ -448,9 +448,9 @@ AGENT_MODULES = "agent-modules.json"  # in the run directory: what the guest cop
 
 def write_agent_modules(out_dir: Path) -> None:
     """The source file of each module `oomwatch agent` imports at its start, and of every module of their packages
-    (oomwatch's among them: some it imports later), for the guest driver, which runs the agent from their byte-compiled copies on the
-    guest's tmpfs (tests/e2e/guest/driver.py, local_agent): listed here, where importing takes a fraction of a
-    second, not in the guest, where it takes 7-10 s."""
+    (oomwatch's among them: some it imports later), for the guest driver, which runs the agent from their
+    byte-compiled copies on the guest's tmpfs (tests/e2e/guest/driver.py, local_agent): listed here, where importing
+    takes a fraction of a second, not in the guest, where it takes 7-10 s."""
     code = ("import json, sys; import oomwatch.cli, oomwatch.agent; "
             "print(json.dumps({n: getattr(m, '__file__', None) for n, m in list(sys.modules.items())}))")
     site_packages = str(next((VENV / "lib").glob("python3*/site-packages")))
