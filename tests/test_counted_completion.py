@@ -246,3 +246,32 @@ def test_a_single_kill_goes_out_before_the_agent_reads_its_counter() -> None:
 
 def test_more_kills_counted_than_lines_read_still_waits() -> None:
     assert single_kill(counted=2).published == []
+
+
+def test_kills_published_in_a_burst_are_saved_together() -> None:
+    """Each save writes the whole state on the loop: kills published one after another while the log is quiet
+    between them (a restart's backlog, a storm) are saved at most every SAVE_QUIET_GAP, the next save taking all
+    that came meanwhile; a kill alone is saved as soon as it is published."""
+    from oomwatch.stages.counts import SAVE_QUIET_GAP
+
+    first, end = at(SCENARIOS, "invoked oom-killer"), at(SCENARIOS, "Killed process 118")
+    report = SCENARIOS[first:end + 1]  # /a's single kill of 118, as printed
+    replay = Replay(live_settings(boot_time=100.0 - report[-1].usec / 1e6), now=100.0)
+    replay.step(CgroupAdded("/a", 3, {"oom_kill": 0, "oom_group_kill": 0}, 0, True, (118,)))
+    replay.advance_to(102.0)
+    saved = len(replay.saves)
+
+    def kill(n: int, at_time: float) -> None:  # the same report again, as the n-th kill (its own seqs and times)
+        again = [r._replace(seq=r.seq + 1000 * n, usec=r.usec + int((at_time - 102.0) * 1e6)) for r in report]
+        replay.step(CgroupChanged("/a", 3, {"max": n, "oom": n, "oom_kill": n, "oom_group_kill": 0}, 0, True),
+                    now=at_time)
+        replay.step(KernelLog(again, drained_at=at_time), now=at_time)
+
+    for n, when in enumerate((102.0, 102.05, 102.1), start=1):
+        kill(n, when)
+        assert len(replay.published) == n  # at once: its line is what oom_kill counted
+    assert len(replay.saves) - saved == 1  # the first, at once; the next two wait for the gap
+    replay.advance_to(102.0 + SAVE_QUIET_GAP)
+    assert len(replay.saves) - saved == 2 and len(replay.saves[-1]["incidents"]) == 3
+    kill(4, 104.0)
+    assert len(replay.saves) - saved == 3 and len(replay.saves[-1]["incidents"]) == 4  # alone: at once

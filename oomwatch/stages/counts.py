@@ -1,7 +1,7 @@
 """Counts of record: the store counts each incident once as it is published; the reconciler compares
 memory.events with what the log described (what no record describes becomes an incident once the log has been
 read past the counters' move); the state (store, cursor, accounts) is saved at most every SAVE_INTERVAL while
-busy, at once when the log goes quiet."""
+busy, and when the log goes quiet, at most every SAVE_QUIET_GAP."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ VIEWS = ("CountedKillsView",)
 
 # State is written at most this often while incidents keep coming (and at once when the log goes quiet).
 SAVE_INTERVAL = 1.0
+# ... but not more often than this when it goes quiet between kills: each save writes the whole state on the
+# loop (43% of a storm's CPU an incident with a save a kill, benchmarks/stage_cost.py), and a backlog read at
+# a restart publishes its incidents in a burst, each followed by a quiet log.
+SAVE_QUIET_GAP = 0.2
 
 
 class CountsStage:
@@ -112,8 +116,7 @@ class CountsStage:
 
     def save_due(self, now: float, fx: Effects) -> None:
         """Save the state, once every stage has counted what this step did, if it changed and it is time."""
-        if self._dirty and self._context.settings.persist and (
-                now >= self._saved_at + SAVE_INTERVAL or (self._log.caught_up and not self._log.pending)):
+        if self._dirty and self._context.settings.persist and now >= self._saved_at + self._save_gap():
             fx.save = self.state()
             self._dirty = False
             self._saved_at = now
@@ -125,8 +128,12 @@ class CountsStage:
             if settles_at is not None and settles_at > self._now:  # (past it: waits for the log's next read)
                 times.append(settles_at)
         if self._dirty:
-            times.append(self._saved_at + SAVE_INTERVAL)
+            times.append(self._saved_at + self._save_gap())
         return min(times, default=None)
+
+    def _save_gap(self) -> float:
+        """How long after the last save the next may be: short once the log is quiet (nothing being printed)."""
+        return SAVE_QUIET_GAP if self._log.caught_up and not self._log.pending else SAVE_INTERVAL
 
     def state(self) -> dict[str, Any]:
         """The state file's content: the store, the cursor and the reconciler's accounts."""
