@@ -223,10 +223,13 @@ def health_of(agent: Agent) -> tuple[bool, dict]:
     """/healthz from what each part last said of itself (its own snapshot: nothing here walks a part's live
     state): 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why; 503
     "starting" until the tree and the kernel log's backlog have been read once."""
-    starting = agent.starting or agent.kernel_log.starting()
+    kmsg_ok, kmsg = agent.kernel_log.health()
+    view = agent.latest.view
+    starting = agent.starting or agent.kernel_log.starting() or (
+        "publishing what the kernel log held at start" if kmsg_ok and view is not None and not view.kernel_log_live
+        else None)
     if starting:
         return False, {"starting": starting}
-    kmsg_ok, kmsg = agent.kernel_log.health()
     watch = agent.cgroups.health()
     # Blind: no memory controller, or cgroups this agent cannot read. Cgroups inotify cannot watch are still
     # read (at each scrape, their directories listed every 30 s): said, not failed (a restart gives no watches).
@@ -240,7 +243,6 @@ def health_of(agent: Agent) -> tuple[bool, dict]:
             detail.update(part.health())
     if agent.fatal:
         detail["fatal"] = agent.fatal
-    view = agent.latest.view
     if view is not None and view.workloads_over_cap:  # blind to those: not healthy
         detail["workloads"] = f"{view.workloads_over_cap} live workloads over the cap are not exported"
     if view is not None and view.state_error:  # reported, not fatal: counting goes on in memory

@@ -42,6 +42,9 @@ class View(NamedTuple):
     single_process_oom_kill: str
     state_error: Optional[str]
     workloads_over_cap: int = 0  # live workloads left without series: the store is full of live ones
+    # What the kernel log held at start is read and published (KernelLogView.live): until then /healthz says
+    # "starting", and a kill made meanwhile waits behind that backlog.
+    kernel_log_live: bool = True
 
     def snapshot(self) -> Snapshot:  # what the HTTP sink and the collector ask of a store
         return self.store
@@ -112,7 +115,7 @@ class Pipeline:
     def view(self) -> View:
         """In constant time (cowmap): taken after every change, so churn costs what changed, not what is kept."""
         return View(self.store.snapshot(), self._identity.exported(), self._posture.single_process_oom_kill,
-                    self._counts.state_error, self._identity.over_cap())
+                    self._counts.state_error, self._identity.over_cap(), self._log.view().live)
 
     def deaths_waiting(self) -> dict[str, str]:
         """Deaths whose verdict waits for an answer: their key → what they wait for ("log", "ray", "status")."""

@@ -24,7 +24,7 @@ def agent(**overrides):
         cgroups=SimpleNamespace(health=said(SEEING)),
         sinks=[],
         blind=None, fatal=None, config=Config(),
-        view=SimpleNamespace(state_error=None, workloads_over_cap=0),
+        view=SimpleNamespace(state_error=None, workloads_over_cap=0, kernel_log_live=True),
         http=SimpleNamespace(health=said({}), failed_scrapes=0),
         connector=None)
     parts.update(overrides)
@@ -46,7 +46,7 @@ def test_each_blindness_is_a_503_with_its_reason() -> None:
         "kmsg": agent(kernel_log=SimpleNamespace(health=said((False, "/bin/ls holds binary data, not a kernel log")),
                                                  starting=said(None))),
         "scrape": agent(http=SimpleNamespace(health=said({"scrape": "the last scrape failed: UnicodeEncodeError: …"}))),
-        "workloads": agent(view=SimpleNamespace(state_error=None, workloads_over_cap=7)),
+        "workloads": agent(view=SimpleNamespace(state_error=None, workloads_over_cap=7, kernel_log_live=True)),
         "fatal": agent(fatal="the cgroup watcher stopped"),
     }
     for key, broken in cases.items():
@@ -69,7 +69,8 @@ def test_degradations_that_still_see_are_said_but_healthy() -> None:
 
 
 def test_a_state_that_is_not_saved_is_said_but_not_fatal() -> None:
-    ok, detail = health_of(agent(view=SimpleNamespace(state_error="Read-only file system", workloads_over_cap=0)))
+    ok, detail = health_of(agent(view=SimpleNamespace(state_error="Read-only file system", workloads_over_cap=0,
+                                                      kernel_log_live=True)))
     assert ok and detail["state"] == "Read-only file system"
 
 
@@ -87,11 +88,19 @@ def test_the_same_checks_are_series() -> None:
     assert status.failed_scrapes == 3 and status.unwatched == {"inotify_watches": 2, "unreadable": 0}
 
 
-def test_starting_until_the_tree_and_the_kernel_log_s_backlog_are_read() -> None:
+def test_starting_until_the_tree_and_the_kernel_log_s_backlog_are_read_and_published() -> None:
     assert health_of(agent(starting="reading the cgroup tree")) == (False, {"starting": "reading the cgroup tree"})
     backlog = agent(kernel_log=SimpleNamespace(health=said((True, "ok")),
                                                starting=said("reading the kernel log's backlog")))
     assert health_of(backlog) == (False, {"starting": "reading the kernel log's backlog"})
+    # read, and its incidents not all published yet (a kill made now would wait behind them)
+    publishing = agent(view=SimpleNamespace(state_error=None, workloads_over_cap=0, kernel_log_live=False))
+    assert health_of(publishing) == (False, {"starting": "publishing what the kernel log held at start"})
+    # no kernel log at all: that is what /healthz says, not "starting"
+    blind = agent(kernel_log=SimpleNamespace(health=said((False, "/dev/kmsg: Permission denied")),
+                                             starting=said(None)),
+                  view=SimpleNamespace(state_error=None, workloads_over_cap=0, kernel_log_live=False))
+    assert health_of(blind) == (False, {"kmsg": "/dev/kmsg: Permission denied", "cgroups": "ok"})
 
 
 def test_the_events_file_sink_says_why_it_cannot_write(tmp_path) -> None:

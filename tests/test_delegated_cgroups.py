@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from oomwatch.agent import health_of
-from oomwatch.events import CgroupAdded
+from oomwatch.events import CgroupAdded, KernelLog
 from oomwatch.store import MAX_WORKLOADS, Store
 from oomwatch.workloads import WorkloadResolver
 from tests.test_agent_health import agent
@@ -38,7 +38,7 @@ def node(hostile: int, *, trust: bool = False, max_workloads: int = MAX_WORKLOAD
                 added(USER, 1000, False), added(f"{USER}/app.slice", 1000, False)])
     replay.run(added(f"{USER}/app.slice/x\u202e{i}.scope", 1000) for i in range(hostile))
     replay.run([added("/kubepods", 0, False), added("/kubepods/burstable", 0, False), added(POD, 0),
-                added(CONTAINER, 0)])
+                added(CONTAINER, 0), KernelLog([], drained_at=100.0)])  # (a kernel log with nothing in it)
     return replay
 
 
