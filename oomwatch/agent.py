@@ -225,9 +225,9 @@ def health_of(agent: Agent) -> tuple[bool, dict]:
     "starting" until the tree and the kernel log's backlog have been read once."""
     kmsg_ok, kmsg = agent.kernel_log.health()
     view = agent.latest.view
+    backlog = kmsg_ok and not agent.kernel_log.saved and view is not None and not view.kernel_log_live
     starting = agent.starting or agent.kernel_log.starting() or (
-        "publishing what the kernel log held at start" if kmsg_ok and view is not None and not view.kernel_log_live
-        else None)
+        "publishing what the kernel log held at start" if backlog else None)  # (a saved log is all backlog)
     if starting:
         return False, {"starting": starting}
     watch = agent.cgroups.health()

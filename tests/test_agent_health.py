@@ -20,7 +20,7 @@ def said(value):
 def agent(**overrides):
     parts = dict(
         starting=None,
-        kernel_log=SimpleNamespace(health=said((True, "ok")), starting=said(None)),
+        kernel_log=SimpleNamespace(health=said((True, "ok")), starting=said(None), saved=False),
         cgroups=SimpleNamespace(health=said(SEEING)),
         sinks=[],
         blind=None, fatal=None, config=Config(),
@@ -44,7 +44,7 @@ def test_each_blindness_is_a_503_with_its_reason() -> None:
             unwatched={"inotify_watches": 0, "unreadable": 2})))),
         "cgroups  ": agent(cgroups=SimpleNamespace(health=said(WatchHealth(False, "cgroup watcher stopped: …")))),
         "kmsg": agent(kernel_log=SimpleNamespace(health=said((False, "/bin/ls holds binary data, not a kernel log")),
-                                                 starting=said(None))),
+                                                 starting=said(None), saved=True)),
         "scrape": agent(http=SimpleNamespace(health=said({"scrape": "the last scrape failed: UnicodeEncodeError: …"}))),
         "workloads": agent(view=SimpleNamespace(state_error=None, workloads_over_cap=7, kernel_log_live=True)),
         "fatal": agent(fatal="the cgroup watcher stopped"),
@@ -90,7 +90,7 @@ def test_the_same_checks_are_series() -> None:
 
 def test_starting_until_the_tree_and_the_kernel_log_s_backlog_are_read_and_published() -> None:
     assert health_of(agent(starting="reading the cgroup tree")) == (False, {"starting": "reading the cgroup tree"})
-    backlog = agent(kernel_log=SimpleNamespace(health=said((True, "ok")),
+    backlog = agent(kernel_log=SimpleNamespace(health=said((True, "ok")), saved=False,
                                                starting=said("reading the kernel log's backlog")))
     assert health_of(backlog) == (False, {"starting": "reading the kernel log's backlog"})
     # read, and its incidents not all published yet (a kill made now would wait behind them)
@@ -98,9 +98,13 @@ def test_starting_until_the_tree_and_the_kernel_log_s_backlog_are_read_and_publi
     assert health_of(publishing) == (False, {"starting": "publishing what the kernel log held at start"})
     # no kernel log at all: that is what /healthz says, not "starting"
     blind = agent(kernel_log=SimpleNamespace(health=said((False, "/dev/kmsg: Permission denied")),
-                                             starting=said(None)),
+                                             starting=said(None), saved=False),
                   view=SimpleNamespace(state_error=None, workloads_over_cap=0, kernel_log_live=False))
     assert health_of(blind) == (False, {"kmsg": "/dev/kmsg: Permission denied", "cgroups": "ok"})
+    # a saved log is all backlog: ready once read (a FIFO's writer may wait for that)
+    saved = agent(kernel_log=SimpleNamespace(health=said((True, "ok")), starting=said(None), saved=True),
+                  view=SimpleNamespace(state_error=None, workloads_over_cap=0, kernel_log_live=False))
+    assert health_of(saved) == (True, {"kmsg": "ok", "cgroups": "ok"})
 
 
 def test_the_events_file_sink_says_why_it_cannot_write(tmp_path) -> None:

@@ -315,13 +315,17 @@ def test_rotated_certificates_are_picked_up_by_new_connections(tmp_path: Path, p
 
 def test_the_agent_serves_its_metrics_over_mtls_with_its_web_config(tmp_path: Path, pki: Path) -> None:
     """The real agent, wired with --web-config-file: /metrics needs the client certificate, /healthz does not."""
-    from tests.conftest import SeqpacketKmsg, running_agent
+    from oomwatch.agent import health_of
+    from tests.conftest import SeqpacketKmsg, running_agent, wait_for
     from tests.test_agent import agent_config
 
     config_path = pki / "agent-web-config.yml"
     config_path.write_text(MTLS)
     config = agent_config(tmp_path, web_config_file=str(config_path))
     with running_agent(config, kmsg_factory=SeqpacketKmsg().factory) as agent:
+        # ready once its kernel log's backlog is read and published (asked here: the port closes a client that
+        # starts handshakes too fast)
+        assert wait_for(lambda: health_of(agent)[0])
         status, body, _ = https_get(agent.http, "/metrics", client_context(pki, "prometheus"))
         assert status == 200 and b"oomwatch_build_info" in body
         assert https_get(agent.http, "/metrics", client_context(pki))[0] == 403

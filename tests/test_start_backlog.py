@@ -76,3 +76,15 @@ def test_healthz_says_starting_until_the_backlog_is_read() -> None:
     assert health_of(agent(kernel_log=source)) == (False, {"starting": "reading the kernel log's backlog"})
     source.pump.backlog_read = True
     assert health_of(agent(kernel_log=source)) == (True, {"kmsg": "ok", "cgroups": "ok"})
+
+
+def test_an_empty_backlog_read_to_its_end_makes_the_view_ready() -> None:
+    """A quiet node: the first read finds nothing in the ring. That read alone changes the view (scrapes and
+    /healthz read a view replaced only on a change), or /healthz would say starting until the next kill."""
+    from oomwatch.events import KernelLog
+    from tests.replay import Replay, live_settings
+
+    replay = Replay(live_settings(), now=100.0)
+    assert not replay.pipeline.view().kernel_log_live
+    fx = replay.step(KernelLog([], drained_at=100.0), now=100.0)
+    assert fx.changed and replay.pipeline.view().kernel_log_live

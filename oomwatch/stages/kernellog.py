@@ -189,7 +189,8 @@ class KernelLogStage:
             # began for syslog(2)), never up to now: a kill whose lines are still in the reader is not a kill
             # without lines (the 50x4 storm of 2026-11-26 14:32 counted one twice so).
             self._drained_at = min(now, self._read_started)
-            self._live = self._live or self._reads > 0
+            if not self._live and self._reads > 0:  # past the backlog: /healthz may say ready (the view changed)
+                self._live = fx.changed = True
         return out
 
     def next_deadline(self) -> Optional[float]:
