@@ -51,7 +51,6 @@ class NodeState:
         self._oom_group: dict[str, int] = {}
         self._oom_at: dict[str, float] = {}
         self._oom_kill_at: dict[str, float] = {}
-        # memory.events.local as last read, as (max, oom, oom_kill, oom_group_kill): a tuple per cgroup
         self._counters = OomCounters()  # memory.events.local as the events brought it
         self.workloads: dict[str, Labels] = {}  # workload cgroup → its series' labels
         # Workloads' main processes (a container's init, seen exec'ing as pid 1 of its namespace): pid → (its

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable, Optional
 
 from oomwatch.events import KernelLog, KernelLogEnded
+from oomwatch.process import nice_this_thread
 from oomwatch.sources.logitems import CaughtUp, KmsgUnavailable, Lost, Skipped
 
 log = logging.getLogger(__name__)
@@ -108,10 +109,7 @@ class KernelLogPump:
             pass
 
     def _run(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PUMP_NICE)  # this thread alone (Linux)
-        except OSError:
-            pass
+        nice_this_thread(PUMP_NICE)
         attempts = 0
         try:
             while True:

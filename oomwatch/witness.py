@@ -4,8 +4,7 @@ When a group kill reaches a container's PID 1, the kernel tears the pid namespac
 processes die unlogged (docs/kernel-facts.md). A group kill therefore waits for their exit events before it is
 published: `wait` seconds, or less when the kernel-log stage knows more (`add(..., wait)`: none when every process
 its group held has a line or an exit; `shorten`: when a new reading of its group says so, e.g. briefly once its
-group is empty; docs/loop.md), and
-whatever follows it waits its turn: incidents go out in kernel order.
+group is empty; docs/loop.md), and whatever follows it waits its turn: incidents go out in kernel order.
 Owned by the pipeline (one thread, fed by events); times are the pipeline's `now`, given with each call.
 """
 
@@ -47,7 +46,7 @@ class WitnessQueue:
                                for due, incident in self._awaiting)
 
     def unaccounted(self, pids: Iterable[int], named: set, since: float) -> bool:
-        """Whether one of `pids` is neither `named` (by kill lines) nor seen dying by SIGKILL from 2 s before
+        """Whether one of `pids` is neither `named` (by kill lines) nor seen dying by SIGKILL from EXIT_WINDOW before
         `since` on: then it may still be listed, or its exit may still be on its way."""
         unnamed = set(pids) - named
         if unnamed:  # (the exits looked through only then: this runs at each step while a group kill is open)

@@ -367,7 +367,6 @@ class CgroupWatcher:
         """The inotify watches held (each counts against fs.inotify.max_user_watches)."""
         return sum(map(len, self._wd_path))
 
-
     # --- watching --------------------------------------------------------------------------------------
 
     def start_watching(self) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 from oomwatch.correlator import Correlator
 from oomwatch.events import (CgroupAdded, CgroupChanged, CgroupRemoved, KernelLog, KernelLogEnded, MemoryStatRead,
@@ -34,6 +34,15 @@ class CountedKills(Protocol):
     def accounted_group_kills(self, cgroup: str) -> Optional[int]: ...
 
     def counts(self, cgroup: str) -> bool: ...
+
+
+class PidsReading(NamedTuple):
+    """A cgroup's pids as read while it held some."""
+
+    group_kills: int  # its oom_group_kill, read just before the pids
+    pids: frozenset[int]
+    at: float  # when they were read
+    pids_before: frozenset[int]  # the reading before's (a process a kill took down may be gone from this one)
 
 
 class KernelLogStage:
@@ -65,9 +74,8 @@ class KernelLogStage:
         # it was removed; when: once its pids were read, else the loop's time). A group kill whose group is empty
         # has printed its whole listing.
         self._emptied: OrderedDict[str, tuple[Optional[int], float]] = OrderedDict()
-        # Each cgroup's pids as last read while it held some: (its oom_group_kill read just before, the pids, when,
-        # the pids of the reading before)
-        self._pids_seen: OrderedDict[str, tuple[int, frozenset[int], float, frozenset[int]]] = OrderedDict()
+        # Each cgroup's pids as last read while it held some
+        self._pids_seen: OrderedDict[str, PidsReading] = OrderedDict()
 
     def counted_by(self, counted: CountedKills) -> None:
         """The counts stage's read-only view (given after both exist: each waits on the other)."""
@@ -93,7 +101,7 @@ class KernelLogStage:
             self.readings.added(event.path)
             if event.pids and event.local is not None and "oom_group_kill" in event.local:
                 _remember(self._pids_seen, event.path,
-                          (event.local["oom_group_kill"], frozenset(event.pids), now, frozenset()))
+                          PidsReading(event.local["oom_group_kill"], frozenset(event.pids), now, frozenset()))
         elif isinstance(event, CgroupChanged):
             self._changed(event, now, fx)
         elif isinstance(event, CgroupRemoved):
@@ -241,8 +249,8 @@ class KernelLogStage:
         - or it held none (or the cgroup is removed), and the log was read to its end after that reading: nothing
           is left to kill, and each member's line is printed before it can exit."""
         seen = self._pids_seen.get(group)
-        if (seen is not None and self._after_the_kills(group, kills, seen[0])
-                and not self.witness.unaccounted(seen[1], named, seen[2])):
+        if (seen is not None and self._after_the_kills(group, kills, seen.group_kills)
+                and not self.witness.unaccounted(seen.pids, named, seen.at)):
             return True
         emptied = self._emptied.get(group)
         return (emptied is not None and self._after_the_kills(group, kills, emptied[0])
@@ -267,8 +275,8 @@ class KernelLogStage:
         seen, emptied = self._pids_seen.get(group), self._emptied.get(group)
         gone = emptied is not None and self._after_the_kills(group, 1, emptied[0])
         named = {p.pid for p in incident.killed} | {note["pid"] for note in incident.exiting}
-        if (seen is not None and (gone or self._after_the_kills(group, 1, seen[0]))
-                and not self.witness.unaccounted(seen[1] | seen[3], named, incident.time)):
+        if (seen is not None and (gone or self._after_the_kills(group, 1, seen.group_kills))
+                and not self.witness.unaccounted(seen.pids | seen.pids_before, named, incident.time)):
             return 0.0
         return min(self.witness.wait, EXITS_AFTER_EMPTY) if gone else self.witness.wait
 
@@ -283,7 +291,8 @@ class KernelLogStage:
             if group_kills is not None:  # (5.17+: an older kernel's group kills wait for the quiet log)
                 pids = frozenset(pid for pids in event.pids.values() for pid in pids)
                 before = self._pids_seen.get(event.path)
-                _remember(self._pids_seen, event.path, (group_kills, pids, at, before[1] if before else frozenset()))
+                _remember(self._pids_seen, event.path,
+                          PidsReading(group_kills, pids, at, before.pids if before else frozenset()))
                 if len(self.witness):  # a group kill waiting for its exits may wait no longer: all are named
                     self.witness.shorten(event.path, self._now, self._exits_wait)
         elif group_kills is not None:
