@@ -222,7 +222,7 @@ def hand_over(agent: Agent, fx: Effects) -> None:
 def health_of(agent: Agent) -> tuple[bool, dict]:
     """/healthz from what each part last said of itself (its own snapshot: nothing here walks a part's live
     state): 200 only while the agent can see (its kernel log and its cgroup tree), else 503 and why; 503
-    "starting" until the tree and the kernel log's backlog have been read once."""
+    "starting" until the tree has been read once and what the kernel log held at start is read and published."""
     kmsg_ok, kmsg = agent.kernel_log.health()
     view = agent.latest.view
     backlog = kmsg_ok and not agent.kernel_log.saved and view is not None and not view.kernel_log_live
