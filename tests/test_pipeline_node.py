@@ -301,3 +301,22 @@ def test_a_process_that_died_unlogged_before_the_group_was_read_again_is_still_w
     (group,) = replay.published
     assert [p.pid for p in group.killed] == [7001, 7000]
     assert group.died_with == ({"pid": 7002, "cgroup": "/b", "signal": 9},)
+
+
+def test_a_group_kill_the_quiet_log_completes_does_not_wait_for_exits_its_readings_account_for(
+        tmp_path: Path) -> None:
+    """memory.events counts a kill in /b that no line describes (a line lost or ratelimited), so the counters
+    cannot complete the group kill and the quiet window does; the reading after the kill holds only the two
+    processes its lines name, so it goes out then, without the witness wait (it waited the whole 0.5 s so)."""
+    replay, recorded, tree, _, _ = golden_node(tmp_path, "7000\n7001\n")
+    (tree / "b" / "memory.events.local").write_text("low 0\nhigh 0\nmax 40\noom 2\noom_kill 7\noom_group_kill 2\n")
+    replay.run(recorded.changed("/b"), now=BOOT + 0.005)  # after the kill: 7000 and 7001 not yet gone
+    recorded.close()
+    replay.step(KernelLog(records(killed(10, 1_000, 7001, "python3"), tasks_in(11, 1_001, "/b"),
+                                  killed(12, 1_002, 7000, "sh")), drained_at=BOOT + 0.01), BOOT + 0.01)
+    quiet_over = BOOT + 0.01 + 1.0  # lines owed: the listing's quiet window (Settings.quiet_listing)
+    replay.advance_to(quiet_over - 0.01)
+    assert replay.published == []
+    replay.advance_to(quiet_over)
+    group = next(i for i in replay.published if i.kind == "group")
+    assert [p.pid for p in group.killed] == [7001, 7000] and group.detected_at == quiet_over

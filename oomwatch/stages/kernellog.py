@@ -184,11 +184,12 @@ class KernelLogStage:
         self._now = now
         correlator, out = self.correlator, []
         if correlator.pending and self._caught_up:
-            if self._counted_complete():  # every line counted, every listing whole: complete
+            # Complete when every line is counted and every listing whole, or when the log has been quiet long
+            # enough; either way a group kill waits for its exits only while its group's readings leave a process
+            # unaccounted for (one the quiet completed waited the whole witness wait, whatever its readings said)
+            if self._counted_complete() or now >= self._last_record + self._quiet():
                 for incident in correlator.flush():
                     self.witness.add([incident], now, self._exits_wait(incident))
-            elif now >= self._last_record + self._quiet():  # quiet long enough: complete
-                self.witness.add(correlator.flush(), now)
         if self.witness.next_due() is not None:
             out.append(Due(self.witness.due(now), self._live))
         if self._caught_up and not correlator.pending and not len(self.witness):
