@@ -22,7 +22,7 @@ from oomwatch.events import StateSaved, Stop, Tick
 from oomwatch.node import (NodePosture, cgroup_root_problem, host_boot_time, node_layout, node_resolver,
                            scraped_workloads)
 from oomwatch.pipeline import Effects, Pipeline, Settings, View
-from oomwatch.process import malloc_trimmed, nice_this_thread
+from oomwatch.process import freeze_long_lived, malloc_trimmed, nice_this_thread
 from oomwatch.sinks import EventsFileSink, LogSink, PodEventSink, Sink, StateFileSink
 from oomwatch.sinks.collector import AGENT_CHECKS, AgentStatus, OomwatchCollector
 from oomwatch.sinks.events import EventsFile
@@ -101,6 +101,7 @@ class Agent:
             self._apply(self.pipeline.step(self.events.get_nowait(), self.clock()))
         self.latest.view = self.pipeline.view()  # scrapes see this until it is replaced
         self.starting = None
+        freeze_long_lived()
         for sink in self.sinks:
             sink.start(self.store.snapshot().incidents)
         threading.Thread(target=_until_failed, args=(self, self.cgroups.run, "the cgroup watcher stopped",

@@ -4,6 +4,7 @@ each scrape. Nothing here knows what the agent does."""
 from __future__ import annotations
 
 import functools
+import gc
 from typing import Iterable, Iterator
 
 
@@ -23,6 +24,14 @@ def malloc_trimmed(chunks: Iterable[bytes]) -> Iterator[bytes]:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def freeze_long_lived() -> None:
+    """What exists now lives as long as the process (the modules, the restored state, the tree as found): out of
+    the cyclic collector's reach from now on, so that a full collection during a storm scans only what came since
+    (a full collection of the imports' 22,000 objects alone takes 5.5 ms natively, about 17 times that under the
+    tiers' emulation, all of it on the loop's path while it runs)."""
+    gc.freeze()
 
 
 def nice_this_thread(nice: int) -> None:

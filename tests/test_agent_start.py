@@ -7,6 +7,7 @@ found)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 from pathlib import Path
@@ -24,6 +25,7 @@ from tests.test_job_info import container_id, pod_object, uid_of
 def test_the_port_answers_starting_while_the_tree_is_read(tmp_path: Path, monkeypatch) -> None:
     from oomwatch.agent import Agent
 
+    gc.unfreeze()  # (what an earlier test's agent froze)
     agent = Agent(agent_config(tmp_path, kmsg=str(tmp_path / "no-such-kmsg")))
     reading, release = threading.Event(), threading.Event()
     read_tree = agent.cgroups.start
@@ -43,9 +45,12 @@ def test_the_port_answers_starting_while_the_tree_is_read(tmp_path: Path, monkey
         assert http_get(base_url(agent) + "/livez")[0] == 200
         assert http_get(base_url(agent) + "/incidents") == (200, b"[]\n")
         assert http_get(base_url(agent) + "/metrics")[0] == 200
+        assert gc.get_freeze_count() == 0  # (unfrozen below: nothing frozen yet while it starts)
         release.set()
         starter.join(30)
         assert agent.starting is None
+        # what the start built lives as long as the agent: out of a full collection's scan from now on
+        assert gc.get_freeze_count() > 0
         status, body = http_get(base_url(agent) + "/healthz")
         assert "starting" not in json.loads(body)
         assert http_get(base_url(agent) + "/livez")[0] == 200

@@ -151,3 +151,27 @@ def test_the_pump_takes_the_childs_time_for_drained_at_and_waits_for_its_answer(
     finally:
         pump.stop()
         child.close()
+
+
+def test_a_reader_started_after_the_agent_froze_what_lives_leaves_it_frozen() -> None:
+    """The agent moves what its start built out of the cyclic collector's reach (process.freeze_long_lived); a
+    reader forked after that (one started again) must not hand it back to the collector."""
+    import gc
+
+    from oomwatch.process import freeze_long_lived
+
+    gc.unfreeze()
+    try:
+        kept = []
+        kept.append(kept)  # a cycle that lives: frozen, its count stays
+        freeze_long_lived()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        kmsg = SeqpacketKmsg()
+        kmsg.send(STORM[:10])
+        child = KmsgChild("/dev/kmsg-test", reader_factory=kmsg.factory)
+        child.open()
+        child.close()
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()

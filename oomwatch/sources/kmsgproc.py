@@ -65,10 +65,12 @@ class KmsgChild:
         except OSError:
             pass  # a smaller pipe only means the child holds more itself
         # The child's collector must not write to the objects it shares with the agent (copying their pages):
-        # what exists now is frozen out of its reach. The agent unfreezes its own at once.
+        # what exists now is frozen out of its reach. The agent unfreezes its own at once, unless it had frozen
+        # what lives as long as it (process.freeze_long_lived: a reader started again after the agent's start).
+        frozen_before = gc.get_freeze_count()
         gc.freeze()
         pid = os.fork()
-        if pid != 0:
+        if pid != 0 and not frozen_before:
             gc.unfreeze()
         if pid == 0:  # the child: never returns
             os.close(r)
