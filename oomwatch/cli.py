@@ -48,13 +48,18 @@ def _common(fn):
     return fn
 
 
-def log_handler(stream) -> logging.Handler:
+def log_handler(stream, background: bool = False) -> logging.Handler:
     """The agent's log: one line a record, the names in messages with their control characters shown, not sent
-    (oomwatch.textsafe)."""
+    (oomwatch.textsafe); `background`: written by a thread of its own (oomwatch.logwriter), never by the loop."""
     from oomwatch.textsafe import VisibleFormatter
 
+    formatter = VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if background:
+        from oomwatch.logwriter import BackgroundLogHandler
+
+        return BackgroundLogHandler(stream, formatter)
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(VisibleFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(formatter)
     return handler
 
 
@@ -141,7 +146,7 @@ def agent(kmsg, cgroup_root, proc_root, kubelet_config, run_root, pod_log_dir, b
     from oomwatch.agent import Agent
     from oomwatch.sinks.http import parse_listen
 
-    logging.basicConfig(level=log_level.upper(), handlers=[log_handler(sys.stderr)])
+    logging.basicConfig(level=log_level.upper(), handlers=[log_handler(sys.stderr, background=True)])
     try:
         parse_listen(listen)
     except ValueError as exc:

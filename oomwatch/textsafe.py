@@ -98,6 +98,15 @@ class VisibleFormatter(logging.Formatter):
     """The agent's log lines (stderr, read by `kubectl logs` and journalctl): each record's message on one
     line with its control characters shown; a traceback keeps its lines."""
 
+    def format(self, record: logging.LogRecord) -> str:
+        # The traceback shown here, never the text another handler's formatter left on the record (exc_text:
+        # logging's cache, shared by every handler a record reaches), whose control characters would be sent.
+        cached, record.exc_text = record.exc_text, None
+        try:
+            return super().format(record)
+        finally:
+            record.exc_text = cached
+
     def formatMessage(self, record: logging.LogRecord) -> str:
         return visible(super().formatMessage(record))
 

@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -101,10 +102,11 @@ def test_a_journal_message_shows_them(service) -> None:
     assert dict(entry)["MESSAGE"] == "killed \\x1b]0;PWNED\\x07\\x9b\nsecond line"  # journald keeps lines
 
 
-def test_the_agents_log_lines_show_them() -> None:
-    """The agent's log handler (cli.log_handler, what `oomwatch agent` logs through)."""
+@pytest.mark.parametrize("background", [False, True])
+def test_the_agents_log_lines_show_them(background: bool) -> None:
+    """The agent's log handler (cli.log_handler, what `oomwatch agent` logs through: in the background)."""
     stream = io.StringIO()
-    handler = log_handler(stream)
+    handler = log_handler(stream, background=background)
     logger = logging.getLogger("oomwatch.test_output_sanitizer")
     logger.addHandler(handler)
     logger.propagate = False
@@ -116,6 +118,7 @@ def test_the_agents_log_lines_show_them() -> None:
             logger.exception("read failed")
     finally:
         logger.removeHandler(handler)
+        handler.close()  # (the background writer's lines all written)
     text = stream.getvalue()
     lines = text.splitlines()
     assert lines[0].split(" ", 2)[2] == "WARNING oomwatch.test_output_sanitizer: cgroup /user.slice/x\\x1b]52;c;cHduZWQ=\\x07\\x0a" \
@@ -160,3 +163,16 @@ def test_kernel_log_escapes_are_decoded_before_the_sanitizer(tmp_path: Path) -> 
     for log in (path, coloured):
         out = inspect("--kmsg", str(log), "--boot-time", "2026-01-01T00:00:00", "--no-color").stdout
         assert "\\x1b]0;PWNED\\x07" in out and not SENT.search(out)
+
+
+def test_a_traceback_another_handler_formatted_first_is_shown_not_sent() -> None:
+    """logging caches a record's traceback text (exc_text) for every handler it reaches: the agent's formatter
+    shows its own, never the raw text another formatter left there."""
+    try:
+        raise OSError("no such file: a\x1b[2Jb")
+    except OSError:
+        record = logging.LogRecord("oomwatch", logging.ERROR, __file__, 1, "read failed", None, sys.exc_info())
+    logging.Formatter().format(record)  # another handler's formatter first: exc_text holds the raw text
+    assert "\x1b" in record.exc_text
+    text = log_handler(io.StringIO()).formatter.format(record)
+    assert "no such file: a\\x1b[2Jb" in text and not SENT.search(text)
