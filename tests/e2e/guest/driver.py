@@ -14,7 +14,8 @@ Layout of --out:
   run.json                  boot id, clock calibration, scenario index, agent start/stop records, timings
   driver.log                this script's log
   kmsg-all.raw              every /dev/kmsg record of the boot, raw (`PRI,SEQ,USEC,FLAG;text`)
-  agent/agent.log, agent/events.jsonl, agent/state/ (copied at the end)
+  agent/agent.log, agent/events.jsonl, agent/state/ (written in the guest's tmpfs, copied after each scenario
+                            and at the end)
   <scenario>/ground-truth.json, kmsg.raw (the scenario's records), incidents.json, metrics.txt, runc logs
 """
 
@@ -282,8 +283,13 @@ class Agent:
         self.dir = os.path.join(out, "agent")
         os.makedirs(self.dir, exist_ok=True)
         self.state_dir = os.path.join(WORK, "agent-state")
-        self.events = os.path.join(self.dir, "events.jsonl")
-        self.log_path = os.path.join(self.dir, "agent.log")
+        # Its events file and log on the guest's own tmpfs, as a node's own disk and its container's log pipe,
+        # copied to the share by keep(): every write to the share is a round trip to the host's disk, with the
+        # loop waiting on it (a host busy writing makes that a stall the agent would not see on a node).
+        local = os.path.join(WORK, "agent-out")
+        os.makedirs(local, exist_ok=True)
+        self.events = os.path.join(local, "events.jsonl")
+        self.log_path = os.path.join(local, "agent.log")
         self.proc: subprocess.Popen | None = None
         self.starts: list[dict] = []
         self.stops: list[dict] = []
@@ -383,6 +389,12 @@ class Agent:
     def resume(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
+
+    def keep(self) -> None:
+        """Its events file and log, as they are now, into the run's agent/ on the share."""
+        for path in (self.events, self.log_path):
+            if os.path.exists(path):
+                shutil.copy(path, os.path.join(self.dir, os.path.basename(path)))
 
     def stop(self, timeout: float = 30) -> dict:
         rec: dict = {"mono": time.monotonic()}
@@ -1887,6 +1899,7 @@ def main() -> int:
         run["scenarios"].append({"name": sc.name, "errors": len(gt["errors"]), "seconds": gt.get("seconds")})
         run["agent_starts"] = ctx.agent.starts
         jdump(os.path.join(OUT, "run.json"), run)
+        ctx.agent.keep()  # (between scenarios: a run cut short still leaves what the agent wrote)
         proc = ctx.agent.proc
         if proc is not None and proc.poll() is not None and len(ctx.agent.starts) < 5:
             # a crashed agent gets another chance, so one bug does not hide the next scenarios' results
@@ -1905,6 +1918,7 @@ def main() -> int:
     run["agent_final_stop"] = ctx.agent.stop()
     run["agent_starts"] = ctx.agent.starts
     run["agent_stops"] = ctx.agent.stops
+    ctx.agent.keep()
     if os.path.isdir(ctx.agent.state_dir):
         shutil.copytree(ctx.agent.state_dir, os.path.join(OUT, "agent", "state"), dirs_exist_ok=True)
     time.sleep(0.3)
