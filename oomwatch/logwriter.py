@@ -22,7 +22,9 @@ class BackgroundLogHandler(logging.Handler):
         super().__init__()
         self.setFormatter(formatter)
         self.stream = stream
-        self.dropped = 0  # lines the full backlog turned away, not yet said (counted under the handler's lock)
+        self.dropped = 0  # lines the full backlog turned away, not yet said
+        # (its own lock, not the handler's: logging.shutdown holds that one while close() waits for the writer)
+        self._dropped_lock = threading.Lock()
         self._lines: queue.Queue = queue.Queue(maxsize=BACKLOG)
         self._writer = threading.Thread(target=self._write, name="log-writer", daemon=True)
         self._writer.start()
@@ -36,14 +38,15 @@ class BackgroundLogHandler(logging.Handler):
         try:
             self._lines.put_nowait(line)
         except queue.Full:
-            self.dropped += 1
+            with self._dropped_lock:
+                self.dropped += 1
 
     def _write(self) -> None:
         while True:
             line = self._lines.get()
             if line is _CLOSE:
                 return
-            with self.lock:
+            with self._dropped_lock:
                 dropped, self.dropped = self.dropped, 0
             if dropped:
                 line = f"({dropped} log lines dropped: the log's stream took none for {BACKLOG} lines)\n" + line

@@ -71,3 +71,21 @@ def test_a_closed_stream_is_not_an_error() -> None:
     logger_to(handler).error("said to nobody")
     handler.close()  # returns: the writer took the line and went on
     assert not handler._writer.is_alive()
+
+
+def test_the_lines_logged_last_are_written_at_exit(tmp_path) -> None:
+    """logging.shutdown (atexit) closes the handler holding its lock: the writer must still write what is
+    queued (`oomwatch agent`'s last line, "agent stopped", was lost so)."""
+    import subprocess
+    import sys
+
+    script = ("import logging, sys\n"
+              "from oomwatch.logwriter import BackgroundLogHandler\n"
+              "logging.basicConfig(level='INFO', handlers=[BackgroundLogHandler(sys.stderr, "
+              "logging.Formatter('%(message)s'))])\n"
+              "for n in range(500):\n"
+              "    logging.info('line %d', n)\n"
+              "logging.info('agent stopped')\n"
+              "sys.exit(0)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stderr.splitlines() == [f"line {n}" for n in range(500)] + ["agent stopped"]
