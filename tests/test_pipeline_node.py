@@ -5,6 +5,7 @@ waits for the proc connector's witnesses of processes that died without a line."
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import shutil
@@ -320,3 +321,6 @@ def test_a_group_kill_the_quiet_log_completes_does_not_wait_for_exits_its_readin
     replay.advance_to(quiet_over)
     group = next(i for i in replay.published if i.kind == "group")
     assert [p.pid for p in group.killed] == [7001, 7000] and group.detected_at == quiet_over
+    # why the quiet log completed it, for `--log-level debug`
+    assert (logging.DEBUG, "kernel log: complete after 1.0 s of quiet log, not by the counters: /b: memory.events "
+                           "counts 3 kills, the lines 2") in replay.logs

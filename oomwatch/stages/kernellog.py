@@ -1,7 +1,7 @@
 """Kernel log → incidents: the correlator turns records into incidents, the witness queue holds group kills for
 their exits, the memory readings stand in for lost stats blocks; this stage knows how far the log has been read
-(`drained_at`, `read_started`), when what is being printed is complete (a quiet log, or `_counted_complete`), and
-where the cursor is. Others see it only through `KernelLogView`."""
+(`drained_at`, `read_started`), when what is being printed is complete (a quiet log, or the counters:
+`_counted_incomplete`), and where the cursor is. Others see it only through `KernelLogView`."""
 
 from __future__ import annotations
 
@@ -187,7 +187,11 @@ class KernelLogStage:
             # Complete when every line is counted and every listing whole, or when the log has been quiet long
             # enough; either way a group kill waits for its exits only while its group's readings leave a process
             # unaccounted for (one the quiet completed waited the whole witness wait, whatever its readings said)
-            if self._counted_complete() or now >= self._last_record + self._quiet():
+            why_not = self._counted_incomplete()
+            if why_not is None or now >= self._last_record + self._quiet():
+                if why_not is not None:  # (why it took the quiet log: `--log-level debug`)
+                    fx.logs.append((logging.DEBUG, f"kernel log: complete after {self._quiet()} s of quiet log, "
+                                                   f"not by the counters: {why_not}"))
                 for incident in correlator.flush():
                     self.witness.add([incident], now, self._exits_wait(incident))
         if self.witness.next_due() is not None:
@@ -219,27 +223,38 @@ class KernelLogStage:
             return max(settings.quiet, settings.quiet_listing)
         return settings.quiet
 
-    def _counted_complete(self) -> bool:
+    def _counted_incomplete(self) -> Optional[str]:
         """Issue 30: what is being printed is complete once memory.events counts no more kills in its cgroups than
         its lines (the kernel counts each kill in oom_kill before it prints its line), every line's cgroup known
         and read, and, for a group kill, once a reading of its group says the listing is whole (`_group_done`). A
         group kill's lines cannot say so alone: the kernel counts oom_group_kill and each member's oom_kill as it
         goes, so counters read mid-listing equal the lines read so far (the real-kernel tier's pool scenario had a
         listing split so). What no counter describes (a cgroup not watched, a pasted log) waits for the quiet
-        window."""
+        window. Returns why not (None: complete)."""
         if not self._context.settings.counting or self._counted is None:
-            return False
+            return "no counters"
         node = self._context.node
         groups = self.correlator.unpublished_groups(lambda cgroup: node.oom_group_cgroup(cgroup, None))
         lines, counted = self.correlator.unpublished_lines(), self._counted
         if groups is None or not lines:
-            return False
+            return "a line's cgroup, or its group's, is not known" if lines else "no kill line in a known cgroup"
         # A line in a cgroup whose memory.events is read was counted there before it was printed: nothing is owed
         # unless the counter shows more kills than lines (a read of the counter lagging behind the log owes none;
         # the real-kernel tier's calm single kills waited 24-225 ms for it).
-        if any(not counted.counts(cgroup) or counted.unaccounted_kills(cgroup) > n for cgroup, n in lines.items()):
-            return False
-        return all(self._group_done(group, kills, named) for group, (kills, named) in groups.items())
+        for cgroup, n in lines.items():
+            if not counted.counts(cgroup):
+                return f"{cgroup}: memory.events not read"
+            if counted.unaccounted_kills(cgroup) > n:
+                return f"{cgroup}: memory.events counts {counted.unaccounted_kills(cgroup)} kills, the lines {n}"
+        for group, (kills, named) in groups.items():
+            if not self._group_done(group, kills, named):
+                seen, emptied = self._pids_seen.get(group), self._emptied.get(group)
+                pids = f"pids {sorted(seen.pids)} at oom_group_kill {seen.group_kills}" if seen else "no pids"
+                empty = ("not seen empty" if emptied is None else
+                         f"seen empty, the log read {'since' if self._read_started >= emptied[1] else 'before'}")
+                return (f"{group}: no reading after its kill says its listing is whole (last read: {pids}; the "
+                        f"lines name {sorted(named)}; {empty})")
+        return None
 
     def _group_done(self, group: str, kills: int, named: set) -> bool:
         """The group's listing is all printed and read, by a reading of the group's pids taken after the kernel
