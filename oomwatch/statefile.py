@@ -223,9 +223,7 @@ class StateFile:
                 raise OSError(f"{self.path}: not written: {exc}") from None
         state = store.to_state()
         state.update(extra)
-        import tempfile  # at the first save, not at the start: it imports shutil, random, bz2 and lzma
-
-        fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, dir=self.dir)
+        fd, tmp = new_temp_file(self.dir)
         try:
             with os.fdopen(fd, "w") as f:
                 write_json(f, state, self._encoded)
@@ -242,13 +240,18 @@ class StateFile:
             os.fsync(self._dir_fd)  # the rename itself survives a crash only once the directory is on disk
 
 
-def __getattr__(name: str) -> Any:
-    """`statefile.tempfile` (tests replace its mkstemp) is imported when first asked for, as save() does."""
-    if name == "tempfile":
-        import tempfile
-
-        return tempfile
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def new_temp_file(directory: str) -> tuple[int, str]:
+    """A new file in `directory` for a save to write before it renames it (mode 0600, created here or not at all),
+    named for this process: what tempfile.mkstemp does, without importing tempfile, which imports shutil, random,
+    bz2 and lzma: the first save, just after an agent's first kill, imported them on the loop's path (the storm
+    tier's second kill waited 0.3-0.5 s for it under emulation). Raises OSError as os.open does."""
+    for n in range(10_000):  # (the names of saves that crashed are removed when the directory is locked)
+        path = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}-{n}")
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{directory}: no free name for a temporary state file")
 
 
 class _Unreadable(Exception):

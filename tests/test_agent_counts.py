@@ -110,10 +110,10 @@ def test_a_full_disk_names_the_file_counts_it_and_loses_no_incident(tmp_path: Pa
 
     import oomwatch.statefile as statefile_module
 
-    def full_mkstemp(prefix="", dir=None):
-        return os_module.open("/dev/full", os_module.O_WRONLY), os_module.path.join(dir, prefix + "full")
+    def full_temp_file(directory):
+        return os_module.open("/dev/full", os_module.O_WRONLY), os_module.path.join(directory, ".state-full")
 
-    monkeypatch.setattr(statefile_module.tempfile, "mkstemp", full_mkstemp)
+    monkeypatch.setattr(statefile_module, "new_temp_file", full_temp_file)
     replay = a_life(tmp_path, upto(521), events_file="/dev/full")
     view = replay.pipeline.view()
     assert len(view.store.incidents) == 2

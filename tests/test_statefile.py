@@ -203,3 +203,34 @@ def test_every_failed_save_names_the_file(tmp_path: Path) -> None:
             f.save(Store(), {})
         f.unlock()
     assert raised.value.strerror == f"Read-only file system (writing {state_dir}/state.json)" == f.problem
+
+
+def test_a_save_imports_nothing(tmp_path: Path) -> None:
+    """The first save comes just after an agent's first kill, on the loop's path: an import there (tempfile's
+    shutil, random, bz2 and lzma) held the next kills back. In a fresh interpreter with the agent's modules
+    imported, a save imports no module, and its temp file is gone after the rename."""
+    import sys
+
+    code = ("import sys\n"
+            "import oomwatch.cli, oomwatch.agent\n"
+            "from oomwatch.statefile import StateFile\n"
+            "from oomwatch.store import Store\n"
+            f"state = StateFile({str(tmp_path)!r})\n"
+            "state.lock()\n"
+            "state.load(Store(), 'boot')\n"
+            "before = set(sys.modules)\n"
+            "state.save(Store(), {})\n"
+            "print(sorted(set(sys.modules) - before))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert sorted(os.listdir(tmp_path)) == [".lock", "state.json"]
+
+
+def test_a_temp_file_name_left_by_a_crashed_save_is_passed_over(tmp_path: Path) -> None:
+    first_fd, first = statefile.new_temp_file(str(tmp_path))
+    second_fd, second = statefile.new_temp_file(str(tmp_path))
+    os.close(first_fd)
+    os.close(second_fd)
+    assert first != second and os.path.basename(first).startswith(statefile.TEMP_PREFIX)
+    assert oct(os.stat(first).st_mode & 0o777) == "0o600"
