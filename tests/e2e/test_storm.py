@@ -171,7 +171,11 @@ def test_latency_after_the_floor(storm) -> None:
     slowest = "\n".join(slow_kill(*row) for row in reversed(timed[-5:]))
     print(figure + "\nthe slowest:\n" + slowest)
     (storm["dir"] / "latency-after-floor.txt").write_text(figure + "\nthe slowest:\n" + slowest + "\n")
-    assert p99 <= MAX_AFTER_FLOOR_P99, f"{figure}\nthe slowest (a run elsewhere leaves only this):\n{slowest}"
+    quiet = [line for line in (storm["dir"] / "agent" / "agent.log").read_text(errors="replace").splitlines()
+             if "not by the counters" in line]
+    print(f"{len(quiet)} incidents the quiet log completed, not the counters" + "".join(f"\n  {q}" for q in quiet[:10]))
+    assert p99 <= MAX_AFTER_FLOOR_P99, (f"{figure}\nthe slowest (a run elsewhere leaves only this):\n{slowest}\n"
+                                        f"{len(quiet)} the quiet log completed:\n" + "\n".join(quiet[:10]))
 
 
 def slow_kill(latency: float, life: str, e: dict) -> str:

@@ -321,6 +321,10 @@ class Agent:
             self.state_dir,
             # witness processes a group kill took down without a kernel line (pid namespace teardown)
             "--proc-connector",
+            # what the agent says of itself at debug (why an incident took the quiet log: the storm's latency
+            # failure quotes it)
+            "--log-level",
+            "debug",
         ]
         rec["cmd"] = cmd
         if not os.access(self.exe, os.X_OK):
