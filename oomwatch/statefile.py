@@ -244,7 +244,8 @@ def new_temp_file(directory: str) -> tuple[int, str]:
     """A new file in `directory` for a save to write before it renames it (mode 0600, created here or not at all),
     named for this process: what tempfile.mkstemp does, without importing tempfile, which imports shutil, random,
     bz2 and lzma: the first save, just after an agent's first kill, imported them on the loop's path (the storm
-    tier's second kill waited 0.3-0.5 s for it under emulation). Raises OSError as os.open does."""
+    tier's second kill was published 0.25-0.48 s after the floor behind it under emulation). Raises OSError as
+    os.open does."""
     for n in range(10_000):  # (the names of saves that crashed are removed when the directory is locked)
         path = os.path.join(directory, f"{TEMP_PREFIX}{os.getpid()}-{n}")
         try:

@@ -64,13 +64,19 @@ def test_past_the_backlog_lines_are_counted_and_said_when_the_stream_takes_lines
                      "queued 0", "queued 1", "queued 2", "queued 3", "queued 4"]
 
 
+def writer_threads() -> set:
+    return {thread for thread in threading.enumerate() if thread.name == "log-writer"}
+
+
 def test_a_closed_stream_is_not_an_error() -> None:
     stream = io.StringIO()
+    before = writer_threads()
     handler = BackgroundLogHandler(stream, logging.Formatter("%(message)s"))
+    (writer,) = writer_threads() - before
     stream.close()
     logger_to(handler).error("said to nobody")
     handler.close()  # returns: the writer took the line and went on
-    assert not handler._writer.is_alive()
+    assert not writer.is_alive()
 
 
 def test_the_lines_logged_last_are_written_at_exit(tmp_path) -> None:

@@ -16,7 +16,7 @@ from oomwatch.stages.kernellog import KernelLogView
 
 VIEWS = ("CountedKillsView",)
 
-# State is written at most this often while incidents keep coming (and at once when the log goes quiet).
+# State is written at most this often while incidents keep coming (more often once the log goes quiet: below).
 SAVE_INTERVAL = 1.0
 # ... but not more often than this when it goes quiet between kills: each save writes the whole state on the
 # loop (43% of a storm's CPU an incident with a save a kill, benchmarks/stage_cost.py), and a backlog read at
