@@ -26,14 +26,17 @@ MAX_P99 = float(os.environ.get("OOMWATCH_E2E_MAX_LATENCY", "5"))
 # the tail a group kill finished by the next report that waited out the witness wait, and kills after the restart
 # that waited behind the backlog the agent was still publishing when it said ready (0.708 s, 06:49); since the
 # exits wait of those group kills (a5b37ff) and readiness after the backlog is published (3facba1): 0.114 s and
-# 0.147 s (runs/2026-11-28T0655Z-storm-30x3-ready-after-backlog.log, runs/2026-11-28T0708Z-storm-30x3.log).
+# 0.147 s (runs/2026-11-28T0655Z-storm-30x3-ready-after-backlog.log, runs/2026-11-28T0708Z-storm-30x3.log). The
+# project's CI then saw 0.97 s; since a quiet-completed group kill's exits wait (f78feaf) and a save that imports
+# nothing (8ff764e): 0.111, 0.132 and 0.218 s (runs/2026-11-28T0952Z-storm-30x3-save-imports-nothing.log,
+# runs/2026-11-28T1002Z-fresh-clone-ci.log).
 MAX_AFTER_FLOOR_P99 = float(os.environ.get("OOMWATCH_E2E_MAX_AFTER_FLOOR", "0.3"))
 # The agent SIGKILLed mid-storm and started again: exec to /healthz 200, while round 3's kills fill the ring
 # (issue 30 item 4; benchmarks/start.py splits it). Issue 30 asks 3 s (OOMWATCH_E2E_MAX_RESTART=3): not met under
 # this emulation, where the interpreter alone takes 0.6-1.5 s and the imports 4-5 s even from the guest's own disk
 # (12-20 s in the runs of 2026-11-28 with the agent read over 9p; 5.9-6.6 s from a .pyc copy in the guest's tmpfs;
-# 6.8-8.8 s since /healthz waits until the backlog the restart found is published, its port answering after
-# 4.1-5.8 s); the default bounds a regression from there.
+# 6.8-9.3 s since /healthz waits until the backlog the restart found is published, its port answering after
+# 4.1-7.2 s); the default bounds a regression from there.
 MAX_RESTART = float(os.environ.get("OOMWATCH_E2E_MAX_RESTART", "30"))
 
 
@@ -157,8 +160,9 @@ def test_latency_after_the_floor(storm) -> None:
     assert storm["storm"].get("floor") and floor_file.exists(), "the floor watcher did not run"
     seen = floorwatch.records_read(floor_file)
     first, second = one_life(storm)
-    timed = sorted(((wall(e["detected_at"]) - seen[e["kernel_seq"]], life, e) for life, lived in (("first", first),
-                    ("second", second)) for e in lived if e["kernel_seq"] in seen), key=lambda row: row[0])
+    lives = [("first", e) for e in first] + [("second", e) for e in second]
+    timed = sorted(((wall(e["detected_at"]) - seen[e["kernel_seq"]], life, e) for life, e in lives
+                    if e["kernel_seq"] in seen), key=lambda row: row[0])
     after = [latency for latency, _, _ in timed]
     unseen = len(first) + len(second) - len(after)
     assert after and unseen == 0, f"{unseen} incidents whose record the floor did not read"
@@ -173,9 +177,11 @@ def test_latency_after_the_floor(storm) -> None:
     (storm["dir"] / "latency-after-floor.txt").write_text(figure + "\nthe slowest:\n" + slowest + "\n")
     quiet = [line for line in (storm["dir"] / "agent" / "agent.log").read_text(errors="replace").splitlines()
              if "not by the counters" in line]
-    print(f"{len(quiet)} incidents the quiet log completed, not the counters" + "".join(f"\n  {q}" for q in quiet[:10]))
+    quiet_text = f"{len(quiet)} incidents the quiet log completed, not the counters" + "".join(
+        f"\n  {line}" for line in quiet[:10])
+    print(quiet_text)
     assert p99 <= MAX_AFTER_FLOOR_P99, (f"{figure}\nthe slowest (a run elsewhere leaves only this):\n{slowest}\n"
-                                        f"{len(quiet)} the quiet log completed:\n" + "\n".join(quiet[:10]))
+                                        + quiet_text)
 
 
 def slow_kill(latency: float, life: str, e: dict) -> str:
